@@ -1,0 +1,24 @@
+"""The agent-author API (the seed's contract): register a LangGraph ``AgentGraph`` under an ``agent_name``."""
+
+from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput, BaseAgentGraph
+from lit_agentrl.agents.chat_model import ChatModel, CustomChatModel
+from lit_agentrl.agents.config import load_agent_cfg
+from lit_agentrl.agents.drift import count_template_drift
+from lit_agentrl.agents.registry import get_agent_class, import_agent_modules, register, registered_agents
+
+# Built-in agents register themselves on import.
+from lit_agentrl.agents import matheval, single_turn  # noqa: E402,F401  isort: skip
+
+__all__ = [
+    "AgentGraph",
+    "AgentGraphOutput",
+    "BaseAgentGraph",
+    "ChatModel",
+    "CustomChatModel",
+    "count_template_drift",
+    "get_agent_class",
+    "import_agent_modules",
+    "load_agent_cfg",
+    "register",
+    "registered_agents",
+]

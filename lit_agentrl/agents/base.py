@@ -1,0 +1,111 @@
+"""The agent-author contract: ``AgentGraph`` (a LangGraph workflow) producing an ``AgentGraphOutput``."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Mapping, Sequence
+
+from langchain_core.messages import AIMessage, BaseMessage
+from pydantic import BaseModel, Field
+
+from lit_agentrl.agents.chat_model import ChatModel, find_last_ai_index
+
+
+class AgentGraphOutput(BaseModel):
+    """One finished trajectory, token-exact.
+
+    ``all_token_ids`` is ``prompt_ids`` followed by every token after it: generated tokens exactly as the
+    engine returned them (``loss_mask`` 1) and tool/user turns encoded as the chat template renders them
+    (``loss_mask`` 0). ``loss_mask`` and ``all_token_ids`` have the same length; the prompt carries 0.
+    """
+
+    str_output: str
+    """The decoded text after the prompt (generated and environment turns)."""
+    prompt_ids: list[int]
+    """Token ids of the initial prompt, chat template applied."""
+    all_token_ids: list[int]
+    """Prompt, generated and tool/user-turn token ids, in order."""
+    loss_mask: list[int]
+    """1 for tokens the model generated, 0 for the prompt and tool/user turns; len == len(all_token_ids)."""
+    response_logprobs: list[float] | None = None
+    """Engine log-probs aligned with ``all_token_ids[len(prompt_ids):]`` (0.0 where ``loss_mask`` is 0)."""
+    reward_score: float | None = None
+    """The agent's own reward; when None, the configured reward function scores ``str_output``."""
+    num_turns: int = 0
+    """Messages up to the last model turn: prompt, assistant and tool/user messages (as in the seed)."""
+    extra_fields: dict[str, Any] = Field(default_factory=dict)
+    """Anything else the agent wants to keep (``num_model_turns``, ``num_tool_calls`` are filled in)."""
+
+
+class AgentGraph(ABC):
+    """Base class of a registered agent: build a LangGraph graph, run it once per trajectory.
+
+    Args:
+        agent_name: the registry name the graph was built for.
+        cfg: the YAML at the row's ``agent_cfg_path`` (``cfg.xxx``/``cfg["xxx"]``), None without one.
+        llm: the rollout engine (SGLang's ``Engine`` API).
+        tokenizer: the policy's tokenizer, with its chat template.
+        processor: a multimodal processor, when the model has one.
+
+    Subclasses implement :meth:`build_graph` and ``async run(messages, sampling_params, **kwargs)``; every
+    field of the dataset row reaches ``run`` as a keyword argument (the ground truth also as
+    ``ground_truth``). Example::
+
+        @register("my_agent")
+        class MyAgent(AgentGraph):
+            def build_graph(self): ...
+            async def run(self, messages, sampling_params, **kwargs) -> AgentGraphOutput: ...
+    """
+
+    def __init__(
+        self,
+        agent_name: str,
+        cfg: Any,
+        llm: Any,
+        tokenizer: Any,
+        processor: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self.agent_name = agent_name
+        self.cfg = cfg
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.kwargs = kwargs
+
+    def build_graph(self) -> Any:
+        """Build the LangGraph workflow; the base version only makes ``self.chatmodel``."""
+        self.chatmodel = ChatModel(model=self.agent_name, llm=self.llm, tokenizer=self.tokenizer, processor=self.processor)
+
+    @abstractmethod
+    async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:
+        """Produce one trajectory for one dataset row."""
+
+    def convert_agent_graph_output(self, state: Mapping[str, Any] | Sequence[BaseMessage]) -> AgentGraphOutput:
+        """Turn a finished LangGraph state (``{"messages": [...]}``) into an :class:`AgentGraphOutput`.
+
+        Messages after the last model turn (e.g. a final tool answer) are not part of the trajectory.
+        """
+        messages = list(state["messages"] if isinstance(state, Mapping) else state)
+        last = find_last_ai_index(messages)
+        if last < 0:
+            raise ValueError(f"agent {self.agent_name!r}: the graph finished without any model turn")
+        meta = messages[last].response_metadata
+        prompt_len = meta["prompt_length"]
+        ai_messages = [m for m in messages[: last + 1] if isinstance(m, AIMessage)]
+        return AgentGraphOutput(
+            str_output=self.tokenizer.decode(meta["token_ids"][prompt_len:]),
+            prompt_ids=list(meta["token_ids"][:prompt_len]),
+            all_token_ids=list(meta["token_ids"]),
+            loss_mask=list(meta["loss_mask"]),
+            response_logprobs=list(meta["logprobs"][prompt_len:]),
+            num_turns=last + 1,
+            extra_fields={
+                "num_model_turns": len(ai_messages),
+                "num_tool_calls": sum(len(m.tool_calls) + len(m.invalid_tool_calls) for m in ai_messages),
+                "finish_reason": meta.get("finish_reason"),
+            },
+        )
+
+
+BaseAgentGraph = AgentGraph

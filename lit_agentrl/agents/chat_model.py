@@ -1,0 +1,191 @@
+"""A LangChain chat model over a rollout engine that keeps the conversation token-exact.
+
+The first call encodes the prompt with the chat template. Each later call reuses the previous model turn's
+token ids as they were generated and appends only the new tool/user messages, encoded as the template
+renders them after an assistant turn (a suffix). So the ids the trainer sees are exactly the ids the
+engine produced, never re-tokenized from text, and ``response_metadata`` carries the accumulated
+``token_ids``, ``loss_mask`` and ``logprobs`` of the whole conversation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models.base import LanguageModelInput
+from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import ConfigDict, Field
+
+from lit_agentrl.agents.tool_parser import parse_tool_calls
+from lit_agentrl.engines.base import output_logprobs
+
+# Stands in for an assistant turn's content when rendering the template, to find where that turn's text ends.
+_TURN_MARKER = "\u2063LITAGENTRL_TURN\u2063"
+
+
+def find_last_ai_index(messages: Sequence[Any]) -> int:
+    """Index of the last assistant message, or -1."""
+    for i in range(len(messages) - 1, -1, -1):
+        if getattr(messages[i], "type", None) == "ai":
+            return i
+    return -1
+
+
+class ChatModel(BaseChatModel):
+    """LangChain chat model over an engine with SGLang's ``async_generate`` API.
+
+    Args:
+        model: a name for the model (``model_name``).
+        llm: the rollout engine.
+        tokenizer: the policy tokenizer, with a chat template.
+        processor: a multimodal processor (kept for the seed's signature; text only for now).
+        chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
+        max_parallel_calls: keep at most this many tool calls per turn (None keeps all).
+
+    ``await model.ainvoke(messages, sampling_params={...})`` returns an ``AIMessage`` with parsed
+    ``tool_calls``/``invalid_tool_calls`` and ``response_metadata`` holding ``token_ids``, ``loss_mask``,
+    ``logprobs`` (aligned with ``token_ids``), ``prompt_length``, ``output_ids``, ``raw_text`` and
+    ``finish_reason``.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+
+    model_name: str = Field(alias="model")
+    llm: Any
+    tokenizer: Any
+    processor: Any = None
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=lambda: {"enable_thinking": False})
+    max_parallel_calls: Optional[int] = None
+
+    @property
+    def _llm_type(self) -> str:
+        return f"lit-agentrl:{self.model_name}"
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[LanguageModelInput, BaseMessage]:
+        """Bind tools (LangChain tools, functions or schemas); ``**kwargs`` parameters are not shown to the model."""
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        for spec in formatted:
+            params = spec["function"].get("parameters", {})
+            params.get("properties", {}).pop("kwargs", None)
+            if "required" in params:
+                params["required"] = [r for r in params["required"] if r != "kwargs"]
+        return self.bind(tools=formatted, **kwargs)
+
+    def _generate(self, messages: list[BaseMessage], stop: Optional[list[str]] = None, **kwargs: Any) -> ChatResult:
+        raise NotImplementedError("ChatModel is async only: use `await model.ainvoke(...)`")
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: Optional[list[str]] = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if stop:
+            raise ValueError("ChatModel stops on token ids: pass sampling_params={'stop_token_ids': [...]}, not stop=")
+        tools = kwargs.get("tools")
+        token_ids, loss_mask, logprobs, prompt_length = self._encode(messages, tools)
+        output = await self.llm.async_generate(
+            input_ids=token_ids, sampling_params=dict(kwargs.get("sampling_params") or {}), return_logprob=True
+        )
+        message = self._to_message(output, token_ids, loss_mask, logprobs, prompt_length)
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    # ------------------------------------------------------------------ encoding
+
+    def _encode(
+        self, messages: list[BaseMessage], tools: Optional[list[dict]]
+    ) -> tuple[list[int], list[int], list[float], int]:
+        """The engine input for ``messages``: (token_ids, loss_mask, logprobs, prompt_length)."""
+        if not messages:
+            raise ValueError("ChatModel got no messages")
+        last_ai = find_last_ai_index(messages)
+        if last_ai < 0:
+            ids = self.render_ids(convert_to_openai_messages(messages), tools, add_generation_prompt=True)
+            return ids, [0] * len(ids), [0.0] * len(ids), len(ids)
+        previous = messages[last_ai].response_metadata
+        if "token_ids" not in previous:
+            raise ValueError("the last assistant message was not produced by ChatModel: it has no token_ids")
+        new_messages = messages[last_ai + 1 :]
+        if not new_messages:
+            raise ValueError("the last message is the model's own turn: append a tool or user message first")
+        suffix = self.encode_suffix(convert_to_openai_messages(new_messages), tools, previous["output_ids"])
+        return (
+            previous["token_ids"] + suffix,
+            previous["loss_mask"] + [0] * len(suffix),
+            previous["logprobs"] + [0.0] * len(suffix),
+            previous["prompt_length"],
+        )
+
+    def render_ids(self, messages: list[dict], tools: Optional[list[dict]], add_generation_prompt: bool) -> list[int]:
+        """Token ids of ``messages`` through the chat template."""
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_suffix(self, new_messages: list[dict], tools: Optional[list[dict]], last_output_ids: list[int]) -> list[int]:
+        """Ids the template puts after an assistant turn's text when ``new_messages`` follow it.
+
+        The suffix starts with the template's end-of-turn token; when the model already generated it (its
+        stop token), it is not repeated. A turn cut by ``max_new_tokens`` gets it from the suffix instead.
+        """
+        return encode_turn_suffix(self.tokenizer, new_messages, tools, last_output_ids, self.chat_template_kwargs)
+
+    # ------------------------------------------------------------------ decoding
+
+    def _to_message(
+        self, output: dict, token_ids: list[int], loss_mask: list[int], logprobs: list[float], prompt_length: int
+    ) -> AIMessage:
+        meta = output["meta_info"]
+        output_ids = list(output["output_ids"])
+        completion_tokens = meta.get("completion_tokens", len(output_ids))
+        if len(output_ids) != completion_tokens:  # some SGLang releases prepend template tokens to output_ids
+            output_ids = output_ids[len(output_ids) - completion_tokens :]
+        out_logprobs = output_logprobs(output)
+        if len(out_logprobs) != len(output_ids):
+            raise ValueError(f"engine returned {len(out_logprobs)} logprobs for {len(output_ids)} tokens")
+        finish = meta.get("finish_reason") or {}
+        text_ids = output_ids[:-1] if finish.get("type") == "stop" and output_ids else output_ids
+        raw_text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+        parsed = parse_tool_calls(raw_text)
+        limit = self.max_parallel_calls
+        return AIMessage(
+            content=parsed.content,
+            tool_calls=parsed.tool_calls[:limit],
+            invalid_tool_calls=parsed.invalid_tool_calls[:limit],
+            response_metadata={
+                "token_ids": token_ids + output_ids,
+                "loss_mask": loss_mask + [1] * len(output_ids),
+                "logprobs": logprobs + out_logprobs,
+                "prompt_length": prompt_length,
+                "output_ids": output_ids,
+                "raw_text": raw_text,
+                "finish_reason": finish,
+            },
+        )
+
+
+def encode_turn_suffix(
+    tokenizer: Any,
+    new_messages: list[dict],
+    tools: Optional[list[dict]],
+    last_output_ids: list[int],
+    chat_template_kwargs: dict[str, Any],
+) -> list[int]:
+    """See :meth:`ChatModel.encode_suffix`; shared with the template-drift check."""
+    context = [{"role": "user", "content": "."}, {"role": "assistant", "content": _TURN_MARKER}]
+    text = tokenizer.apply_chat_template(
+        context + list(new_messages), tools=tools, tokenize=False, add_generation_prompt=True, **chat_template_kwargs
+    )
+    suffix_text = text[text.rindex(_TURN_MARKER) + len(_TURN_MARKER) :]
+    suffix = tokenizer.encode(suffix_text, add_special_tokens=False)
+    if suffix and last_output_ids and last_output_ids[-1] == suffix[0]:
+        suffix = suffix[1:]
+    return suffix
+
+
+CustomChatModel = ChatModel

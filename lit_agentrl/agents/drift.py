@@ -1,0 +1,69 @@
+"""Template drift: do the accumulated token ids equal the whole conversation rendered by the chat template?
+
+Multi-turn rollouts build ids turn by turn; the trainer then learns from them as one sequence. If the
+template renders the finished conversation differently (a dropped newline after the end-of-turn token,
+reasoning blocks stripped from earlier turns, a default system prompt, tool results grouped differently),
+the policy trains on a sequence it will never see at inference. This check re-renders the conversation
+at once, splices in each model turn's generated ids verbatim (generated tokens are never re-tokenized),
+and counts the positions where the two sequences differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
+
+from lit_agentrl.agents.chat_model import find_last_ai_index
+
+_MARKER = "\u2063LITAGENTRL_GEN_{}\u2063"
+
+
+def expected_token_ids(
+    messages: Sequence[BaseMessage],
+    tokenizer: Any,
+    tools: Optional[list[dict]] = None,
+    chat_template_kwargs: Optional[dict[str, Any]] = None,
+) -> list[int]:
+    """The conversation up to its last model turn as the template renders it, generated ids spliced in."""
+    last_ai = find_last_ai_index(messages)
+    if last_ai < 0:
+        raise ValueError("template drift needs a conversation with at least one model turn")
+    history = list(messages[: last_ai + 1])
+    rendered: list[dict] = []
+    generated: list[list[int]] = []
+    for message in history:
+        if isinstance(message, AIMessage):
+            rendered.append({"role": "assistant", "content": _MARKER.format(len(generated))})
+            generated.append(list(message.response_metadata["output_ids"]))
+        else:
+            rendered.extend(convert_to_openai_messages([message]))
+    text = tokenizer.apply_chat_template(
+        rendered, tools=tools, tokenize=False, add_generation_prompt=False, **(chat_template_kwargs or {})
+    )
+    ids: list[int] = []
+    for turn, output_ids in enumerate(generated):
+        before, text = text.split(_MARKER.format(turn), 1)
+        segment = tokenizer.encode(before, add_special_tokens=False)
+        if ids and segment and ids[-1] == segment[0]:  # the end-of-turn token the model generated itself
+            segment = segment[1:]
+        ids += segment + output_ids
+    return ids
+
+
+def count_template_drift(
+    messages: Sequence[BaseMessage],
+    tokenizer: Any,
+    tools: Optional[list[dict]] = None,
+    chat_template_kwargs: Optional[dict[str, Any]] = None,
+) -> int:
+    """Positions where the last model turn's accumulated ``token_ids`` differ from the re-rendered ones.
+
+    0 means token-exact agreement with the template; the length difference counts as mismatches too.
+    """
+    last_ai = find_last_ai_index(messages)
+    if last_ai < 0:
+        raise ValueError("template drift needs a conversation with at least one model turn")
+    actual = list(messages[last_ai].response_metadata["token_ids"])
+    expected = expected_token_ids(messages, tokenizer, tools, chat_template_kwargs)
+    return sum(a != b for a, b in zip(actual, expected)) + abs(len(actual) - len(expected))

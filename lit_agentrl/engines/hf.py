@@ -1,0 +1,406 @@
+"""A transformers rollout engine that imitates ``sglang.Engine`` in-process (CPU, development, tests).
+
+Requests from any number of coroutines are served by one scheduler thread that keeps a single running
+batch with a shared KV cache (continuous batching): new requests are prefilled and merged into the
+batch between decode steps, finished rows leave it at once, so they stop costing compute, and the
+asyncio loop that runs the agents is never blocked by model compute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import inspect
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from lit_agentrl.engines.base import GenerateResult
+from lit_agentrl.engines.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _Request:
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool
+    future: concurrent.futures.Future
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def next_position(self) -> int:
+        """Position of the last sampled token, the one fed to the next decode step."""
+        return len(self.input_ids) + len(self.output_ids) - 1
+
+
+class TransformersEngine:
+    """An in-process engine over a Hugging Face causal LM with SGLang's ``Engine`` API.
+
+    Args:
+        model_path: local directory of a ``save_pretrained`` model.
+        device: torch device for the engine's own copy of the weights.
+        dtype: ``float32``, ``bfloat16`` or ``float16``.
+        max_running_requests: most sequences decoded together; more wait in the queue.
+        seed: seed of the engine's sampling generator.
+
+    Logprobs are those of the sampled token under the temperature-scaled distribution (before top-k/top-p
+    truncation), which is what the trainer recomputes; greedy requests (temperature 0) use the raw logits.
+
+    Example::
+
+        engine = TransformersEngine(".cache/tiny-qwen3")
+        out = await engine.async_generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 8},
+                                          return_logprob=True)
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_running_requests: int = 256,
+        seed: int = 0,
+    ) -> None:
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        if max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
+        self.model_path = model_path
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype]).to(self.device).eval()
+        self.model.requires_grad_(False)
+        # transformers 5.x renamed ``past_key_values`` to ``cache``; accept either release line.
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        eos = self.model.generation_config.eos_token_id
+        self.eos_token_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self.max_running_requests = max_running_requests
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._waiting: queue.Queue[_Request | None] = queue.Queue()
+        self._step_lock = threading.Lock()  # held for each model step and for each weight update
+        self._stopped = False
+        self._thread = threading.Thread(target=self._serve, name="TransformersEngine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public API (SGLang's names)
+
+    async def async_generate(
+        self,
+        input_ids: list[int] | list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        return_logprob: bool = False,
+        **kwargs: Any,
+    ) -> GenerateResult | list[GenerateResult]:
+        """Generate for one prompt (a list of ids) or a batch (a list of lists), like ``sglang.Engine``."""
+        futures, batched = self._submit(input_ids, sampling_params, return_logprob, kwargs)
+        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        return list(results) if batched else results[0]
+
+    def generate(
+        self,
+        input_ids: list[int] | list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        return_logprob: bool = False,
+        **kwargs: Any,
+    ) -> GenerateResult | list[GenerateResult]:
+        """Blocking twin of :meth:`async_generate`."""
+        futures, batched = self._submit(input_ids, sampling_params, return_logprob, kwargs)
+        results = [f.result() for f in futures]
+        return results if batched else results[0]
+
+    def update_weights_from_tensor(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        load_format: str | None = None,
+        flush_cache: bool = True,
+    ) -> tuple[bool, str]:
+        """Copy ``(name, tensor)`` pairs into the engine's weights between decode steps.
+
+        Names are the Hugging Face state-dict names. Returns ``(False, message)`` on an unknown name or
+        a shape mismatch, having applied nothing, as SGLang reports failures.
+        """
+        if load_format not in (None, "direct"):
+            return False, f"load_format {load_format!r} is not supported by TransformersEngine (use None)"
+        targets = dict(self.model.named_parameters())
+        targets.update(self.model.named_buffers())
+        pairs = list(named_tensors)
+        for name, tensor in pairs:
+            if name not in targets:
+                return False, f"unknown weight {name!r}; the engine's model has e.g. {sorted(targets)[:5]}"
+            if tuple(tensor.shape) != tuple(targets[name].shape):
+                return False, f"weight {name!r}: shape {tuple(tensor.shape)} != {tuple(targets[name].shape)}"
+        with self._step_lock, torch.no_grad():
+            for name, tensor in pairs:
+                targets[name].copy_(tensor.to(device=self.device, dtype=targets[name].dtype))
+        return True, f"updated {len(pairs)} tensors"
+
+    def get_weights_by_name(self, name: str) -> torch.Tensor:
+        """A copy of one weight, by its state-dict name (SGLang offers the same for tests)."""
+        with self._step_lock:
+            return self.model.get_parameter(name).detach().clone()
+
+    def flush_cache(self) -> bool:
+        """No prefix cache is kept between requests, so there is nothing to flush."""
+        return True
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Move the weights off the accelerator while the trainer needs the memory; a no-op on CPU."""
+        if self.device.type != "cpu":
+            with self._step_lock:
+                self.model.to("cpu")
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Bring the weights back after :meth:`release_memory_occupation`."""
+        if self.device.type != "cpu":
+            with self._step_lock:
+                self.model.to(self.device)
+
+    def shutdown(self) -> None:
+        """Stop the scheduler thread; queued requests fail with ``RuntimeError``."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._waiting.put(None)
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ request intake
+
+    def _submit(
+        self,
+        input_ids: list[int] | list[list[int]] | None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
+        return_logprob: bool,
+        extra: dict[str, Any],
+    ) -> tuple[list[concurrent.futures.Future], bool]:
+        if self._stopped:
+            raise RuntimeError("TransformersEngine has been shut down")
+        unsupported = sorted(k for k, v in extra.items() if v is not None)
+        if unsupported:
+            raise ValueError(f"TransformersEngine.async_generate: unsupported argument(s) {unsupported}")
+        if not input_ids:
+            raise ValueError("async_generate needs input_ids (a non-empty list of token ids, or a list of them)")
+        batched = isinstance(input_ids[0], list)
+        prompts = input_ids if batched else [input_ids]
+        params_list = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} sampling_params")
+        futures = []
+        for prompt, raw in zip(prompts, params_list):
+            params = SamplingParams.from_dict(raw)
+            if not prompt:
+                raise ValueError("async_generate: a prompt has no tokens")
+            for _ in range(params.n):
+                futures.append(self._enqueue(list(prompt), params, return_logprob))
+        return futures, batched or len(futures) > 1
+
+    def _enqueue(self, prompt: list[int], params: SamplingParams, return_logprob: bool) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        request = _Request(prompt, params, return_logprob, future)
+        if params.max_new_tokens == 0:
+            future.set_result(self._result(request, {"type": "length", "length": 0}))
+        else:
+            self._waiting.put(request)
+        return future
+
+    # ------------------------------------------------------------------ scheduler thread
+
+    def _serve(self) -> None:
+        batch = _RunningBatch()
+        pending: collections.deque[_Request] = collections.deque()
+        while self._drain_queue(pending, block=not (batch.requests or pending)):
+            room = self.max_running_requests - len(batch.requests)
+            admitted = [pending.popleft() for _ in range(min(room, len(pending)))]
+            try:
+                with self._step_lock, torch.inference_mode():
+                    if admitted:
+                        self._prefill(batch, admitted)
+                    if batch.requests:
+                        self._decode(batch)
+            except Exception as exc:  # a model error fails the requests in flight, never the thread
+                log.exception("TransformersEngine step failed")
+                for request in batch.requests + admitted:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
+                batch = _RunningBatch()
+        stopped = RuntimeError("TransformersEngine has been shut down")
+        for request in [*batch.requests, *pending]:
+            request.future.set_exception(stopped)
+        while not self._waiting.empty():
+            item = self._waiting.get_nowait()
+            if item is not None:
+                item.future.set_exception(stopped)
+
+    def _drain_queue(self, pending: "collections.deque[_Request]", block: bool) -> bool:
+        """Move queued requests into ``pending`` (waiting for one if ``block``); False once shut down."""
+        try:
+            item = self._waiting.get(block=block)
+            while True:
+                if item is None:
+                    return False
+                pending.append(item)
+                item = self._waiting.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _prefill(self, batch: "_RunningBatch", admitted: list[_Request]) -> None:
+        width = max(len(r.input_ids) for r in admitted)
+        ids = torch.full((len(admitted), width), 0, dtype=torch.long)
+        mask = torch.zeros((len(admitted), width), dtype=torch.long)
+        for row, request in enumerate(admitted):
+            ids[row, width - len(request.input_ids) :] = torch.tensor(request.input_ids)
+            mask[row, width - len(request.input_ids) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            **{self._cache_kwarg: cache},
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1, :]
+        batch.merge(admitted, cache, mask.to(self.device))
+        self._sample_and_finish(batch, logits, rows=range(len(batch.requests) - len(admitted), len(batch.requests)))
+
+    def _decode(self, batch: "_RunningBatch") -> None:
+        last = torch.tensor([[r.output_ids[-1]] for r in batch.requests], device=self.device)
+        positions = torch.tensor([[r.next_position] for r in batch.requests], device=self.device)
+        batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
+        logits = self.model(
+            input_ids=last,
+            attention_mask=batch.mask,
+            position_ids=positions,
+            **{self._cache_kwarg: batch.cache},
+            use_cache=True,
+        ).logits[:, -1, :]
+        self._sample_and_finish(batch, logits, rows=range(len(batch.requests)))
+
+    def _sample_and_finish(self, batch: "_RunningBatch", logits: torch.Tensor, rows: range) -> None:
+        requests = [batch.requests[i] for i in rows]
+        tokens, logprobs = sample_tokens(logits.float(), [r.params for r in requests], self._generator)
+        finished_rows = []
+        for row, request, token, logprob in zip(rows, requests, tokens.tolist(), logprobs.tolist()):
+            request.output_ids.append(token)
+            request.logprobs.append(logprob)
+            reason = self._finish_reason(request, token)
+            if reason is not None:
+                request.future.set_result(self._result(request, reason))
+                finished_rows.append(row)
+        if finished_rows:
+            batch.drop(finished_rows)
+
+    def _finish_reason(self, request: _Request, token: int) -> dict[str, Any] | None:
+        params = request.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return {"type": "stop", "matched": token}
+        if len(request.output_ids) >= params.max_new_tokens:
+            return {"type": "length", "length": len(request.output_ids)}
+        return None
+
+    @staticmethod
+    def _result(request: _Request, finish_reason: dict[str, Any]) -> GenerateResult:
+        meta: dict[str, Any] = {
+            "finish_reason": finish_reason,
+            "prompt_tokens": len(request.input_ids),
+            "completion_tokens": len(request.output_ids),
+        }
+        if request.return_logprob:
+            meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(request.logprobs, request.output_ids)]
+        return {"output_ids": list(request.output_ids), "meta_info": meta}
+
+
+class _RunningBatch:
+    """The rows being decoded together: their requests, a shared KV cache and its attention mask.
+
+    Rows are left-aligned to the cache's right edge: a row's padding sits at the left, masked out.
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[_Request] = []
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None  # [B, L]
+
+    def merge(self, requests: list[_Request], cache: DynamicCache, mask: torch.Tensor) -> None:
+        if self.cache is None:
+            self.requests, self.cache, self.mask = list(requests), cache, mask
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        for old, new in zip(self.cache.layers, cache.layers):
+            old.keys = torch.cat([_left_pad(old.keys, width, -2), _left_pad(new.keys, width, -2)], dim=0)
+            old.values = torch.cat([_left_pad(old.values, width, -2), _left_pad(new.values, width, -2)], dim=0)
+        self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)], dim=0)
+        self.requests.extend(requests)
+
+    def drop(self, rows: list[int]) -> None:
+        keep = [i for i in range(len(self.requests)) if i not in set(rows)]
+        self.requests = [self.requests[i] for i in keep]
+        if not keep:
+            self.cache, self.mask = None, None
+            return
+        index = torch.tensor(keep, device=self.mask.device)
+        # Columns that are padding for every remaining row no longer need to be attended over.
+        mask = self.mask.index_select(0, index)
+        first = int(mask.any(dim=0).int().argmax())
+        self.mask = mask[:, first:]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
+            layer.values = layer.values.index_select(0, index)[:, :, first:]
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row with per-row temperature/top-k/top-p/min-p; returns (tokens, logprobs).
+
+    logits: [B, V] float32. The logprob is that of the sampled token under softmax(logits / T) (raw logits
+    for greedy rows), i.e. before truncation, matching what the trainer recomputes.
+    """
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=device)
+    greedy = temperature == 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
+    logprobs_all = torch.log_softmax(scaled, dim=-1)
+    filtered = _truncate(scaled, params)
+    probs = torch.softmax(filtered, dim=-1)
+    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
+    return tokens, logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _truncate(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Mask logits outside each row's top-k / top-p / min-p set with -inf."""
+    if all(p.top_k == -1 and p.top_p >= 1.0 and p.min_p <= 0.0 for p in params):
+        return scaled
+    device = scaled.device
+    vocab = scaled.shape[-1]
+    top_k = torch.tensor([vocab if p.top_k == -1 else min(p.top_k, vocab) for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    min_p = torch.tensor([p.min_p for p in params], device=device)
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    ranks = torch.arange(vocab, device=device).unsqueeze(0)
+    drop = ranks >= top_k.unsqueeze(-1)
+    drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_p.unsqueeze(-1)
+    drop |= sorted_probs < min_p.unsqueeze(-1) * sorted_probs[:, :1]
+    drop[:, 0] = False  # the most likely token always survives
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)

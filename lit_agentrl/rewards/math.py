@@ -1,0 +1,158 @@
+"""Answer extraction and equivalence checking for MATH-style problems.
+
+Extraction finds the last ``\\boxed{...}`` in a completion; equivalence is
+delegated to ``math-verify`` (LaTeX -> sympy, then numeric/symbolic checks).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify.errors import TimeoutException
+
+from lit_agentrl.rewards.registry import register_reward
+
+MAIN_THREAD_TIMEOUT_S = 3
+"""Per-call parse/verify timeout (whole seconds; math-verify uses ``signal.alarm``)."""
+
+MAX_ANSWER_CHARS = 1000
+"""Longer answers are rejected: off the main thread math-verify has no
+timeout, so a pathological expression could pin a worker thread in sympy."""
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+_EXTRACTION_CONFIG = (LatexExtractionConfig(), ExprExtractionConfig())
+_SPACE_FORM_TRAILING = ".,;"
+
+
+def _match_braces(text: str, open_idx: int) -> int | None:
+    """Index just past the ``}`` closing the ``{`` at ``open_idx``; None if unbalanced."""
+    depth = 0
+    for idx in range(open_idx, len(text)):
+        if text[idx] == "{":
+            depth += 1
+        elif text[idx] == "}":
+            depth -= 1
+            if depth == 0:
+                return idx + 1
+    return None
+
+
+def _space_form_end(text: str, start: int) -> int:
+    """End of the token in ``\\boxed 5`` (stops at whitespace or ``$``)."""
+    end = start
+    while end < len(text) and not text[end].isspace() and text[end] != "$":
+        end += 1
+    while end > start and text[end - 1] in _SPACE_FORM_TRAILING:
+        end -= 1  # sentence punctuation, as in "... is \boxed 5."
+    return end
+
+
+def _last_box(text: str) -> tuple[str, str] | None:
+    """``(whole box, inner content)`` of the last box command in ``text``."""
+    start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
+    if start < 0:
+        return None
+    cmd = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
+    after = start + len(cmd)
+    body = after
+    while body < len(text) and text[body].isspace():
+        body += 1
+    if body < len(text) and text[body] == "{":
+        end = _match_braces(text, body)
+        if end is None:
+            return None
+        return text[start:end], text[body + 1 : end - 1]
+    if body == after:  # e.g. "\boxedx": not a box command
+        return None
+    end = _space_form_end(text, body)
+    if end == body:
+        return None
+    return text[start:end], text[body:end]
+
+
+def last_boxed_only_string(text: str) -> str | None:
+    """The last ``\\boxed{...}``/``\\fbox{...}``/``\\boxed x`` in ``text``, command included.
+
+    Braces are counted so nested groups like ``\\frac{1}{2}`` stay intact;
+    returns None when there is no box or its braces never close (truncated output).
+    """
+    box = _last_box(text)
+    return None if box is None else box[0]
+
+
+def extract_boxed_answer(text: str) -> str | None:
+    """Content of the last box in ``text`` (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}``).
+
+    For nested boxes (``\\boxed{\\boxed{3}}``) the innermost, last-opened box wins.
+    """
+    box = _last_box(text)
+    return None if box is None else box[1]
+
+
+def _timeout_s() -> int | None:
+    """math-verify's timeout uses ``signal.alarm``, which raises off the main thread."""
+    if threading.current_thread() is threading.main_thread():
+        return MAIN_THREAD_TIMEOUT_S
+    return None
+
+
+def _normalise(text: str) -> str:
+    return "".join(text.split())
+
+
+def _parse_answer(answer: str, timeout_s: int | None) -> list[object]:
+    """Parse a bare answer, preferring a ``\\boxed{}`` wrap so LaTeX extraction anchors on it.
+
+    Falls back to the raw string (e.g. already ``$``-delimited) when the wrap
+    yields no sympy object; a string-only fallback result is kept as last resort.
+    """
+    fallback: list[object] = []
+    for candidate in (f"\\boxed{{{answer}}}", answer):
+        parsed = parse(
+            candidate,
+            extraction_config=_EXTRACTION_CONFIG,
+            parsing_timeout=timeout_s,  # type: ignore[arg-type]  # None disables the alarm
+        )
+        if any(not isinstance(item, str) for item in parsed):
+            return parsed
+        fallback = fallback or parsed
+    return fallback
+
+
+def is_equiv(pred: str, ground_truth: str) -> bool:
+    """Whether ``pred`` and ``ground_truth`` are the same mathematical answer.
+
+    Handles ``\\frac{1}{2}``/``0.5``/``1/2``, ``\\sqrt{8}``/``2\\sqrt{2}``,
+    intervals, ``x=3``/``3`` and similar via math-verify. Never raises: any
+    error, empty input or input over ``MAX_ANSWER_CHARS`` gives False.
+    Safe to call from worker threads (the alarm-based timeout is then disabled).
+    """
+    try:
+        if not pred.strip() or not ground_truth.strip():
+            return False
+        if _normalise(pred) == _normalise(ground_truth):
+            return True  # cheap, and covers answers sympy cannot parse
+        if max(len(pred), len(ground_truth)) > MAX_ANSWER_CHARS:
+            return False
+        timeout_s = _timeout_s()
+        gold = _parse_answer(ground_truth, timeout_s)
+        target = _parse_answer(pred, timeout_s)
+        if not gold or not target:
+            return False
+        # verify is asymmetric (gold first), e.g. for "x=3" vs "3" simplification.
+        return bool(verify(gold, target, timeout_seconds=timeout_s))
+    except (Exception, TimeoutException):  # a reward must never crash a rollout
+        return False  # (TimeoutException derives from BaseException, hence listed)
+
+
+@register_reward("math")
+def compute_math_reward(completion: str, ground_truth: str, **row: object) -> float:
+    """1.0 if the completion's last boxed answer equals ``ground_truth``, else 0.0.
+
+    ``row`` holds the dataset row's other fields and is ignored.
+    """
+    answer = extract_boxed_answer(completion)
+    if answer is None:
+        return 0.0
+    return 1.0 if is_equiv(answer, ground_truth) else 0.0

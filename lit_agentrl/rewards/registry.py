@@ -1,0 +1,78 @@
+"""Name -> reward function registry.
+
+Kept in its own module so reward implementations can import the decorator
+without importing the package ``__init__`` (which imports them back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+RewardFn = Callable[..., float]
+"""``(completion: str, ground_truth: str | None, **row) -> float``."""
+
+_REGISTRY: dict[str, RewardFn] = {}
+
+# Substring of a dataset's ``data_source`` that selects a registered reward
+# even when the source is not itself a registered name.
+_DATA_SOURCE_ALIASES: tuple[tuple[str, str], ...] = (("math", "math"),)
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator registering a reward function under ``name``.
+
+    Re-registering the same function is a no-op (e.g. a module imported
+    twice); a different function under a taken name raises ``ValueError``.
+    """
+
+    def decorator(fn: RewardFn) -> RewardFn:
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing is not fn:
+            raise ValueError(f"reward {name!r} is already registered to {existing!r}")
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def registered_rewards() -> list[str]:
+    """Sorted names of all registered reward functions."""
+    return sorted(_REGISTRY)
+
+
+def get_reward_fn(name: str) -> RewardFn:
+    """Look up a reward by name; ``KeyError`` names the alternatives."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(registered_rewards()) or "<none>"
+        raise KeyError(f"unknown reward {name!r}; registered rewards: {known}") from None
+
+
+def _reward_name_for_source(data_source: str) -> str | None:
+    """Registered reward name implied by a dataset's ``data_source``, if any."""
+    if data_source in _REGISTRY:
+        return data_source
+    lowered = data_source.lower()
+    for needle, name in _DATA_SOURCE_ALIASES:
+        if needle in lowered and name in _REGISTRY:
+            return name
+    return None
+
+
+def resolve_reward_fn(row: Mapping[str, Any], default: str | None) -> RewardFn | None:
+    """Pick the reward for a dataset row.
+
+    The row's ``data_source`` wins when it names (or aliases) a registered
+    reward, so mixed datasets score each row correctly; otherwise ``default``
+    is used (``KeyError`` if unknown), and ``None`` means "no reward".
+    """
+    data_source = row.get("data_source")
+    if isinstance(data_source, str):
+        name = _reward_name_for_source(data_source)
+        if name is not None:
+            return _REGISTRY[name]
+    if default is None:
+        return None
+    return get_reward_fn(default)

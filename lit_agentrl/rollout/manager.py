@@ -1,0 +1,214 @@
+"""The rollout manager: many agent trajectories in flight over one or more engines.
+
+Each (row, sample) pair runs its agent graph as its own task: trajectories of different lengths and turn
+counts overlap freely, so a slow tool call or a long answer never holds up the rest of the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import Counter
+from typing import Any, Mapping, Sequence
+
+from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput
+from lit_agentrl.agents.config import load_agent_cfg
+from lit_agentrl.agents.registry import get_agent_class
+from lit_agentrl.engines.base import RolloutEngine
+from lit_agentrl.engines.sampling import SamplingParams
+from lit_agentrl.rewards import resolve_reward_fn
+from lit_agentrl.rows import agent_run_kwargs
+from lit_agentrl.types import RolloutBatch, RolloutStats, Trajectory
+
+
+class RolloutManager:
+    """Run agent graphs for prompt rows: routing, concurrency, balancing, timeouts, rewards, statistics.
+
+    Args:
+        engines: one or more rollout engines (SGLang's ``Engine`` API); trajectories go to the engine
+            with the fewest outstanding trajectories.
+        tokenizer: the policy tokenizer, handed to every graph.
+        processor: optional multimodal processor, handed to every graph.
+        max_inflight_per_engine: most trajectories running at once against one engine.
+        trajectory_timeout_s: a trajectory running longer is marked failed (None: no limit).
+        reward_fn: name of the reward function for rows whose ``data_source`` names none and whose agent
+            sets no ``reward_score`` (see :mod:`lit_agentrl.rewards`).
+
+    Example::
+
+        manager = RolloutManager([engine], tokenizer, reward_fn="math")
+        batch = manager.generate(rows, n_samples=4, sampling_params={"max_new_tokens": 256})
+    """
+
+    def __init__(
+        self,
+        engines: Sequence[RolloutEngine],
+        tokenizer: Any,
+        processor: Any = None,
+        max_inflight_per_engine: int = 256,
+        trajectory_timeout_s: float | None = None,
+        reward_fn: str | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("RolloutManager needs at least one engine")
+        if max_inflight_per_engine < 1:
+            raise ValueError(f"max_inflight_per_engine must be >= 1, got {max_inflight_per_engine}")
+        if trajectory_timeout_s is not None and trajectory_timeout_s <= 0:
+            raise ValueError(f"trajectory_timeout_s must be > 0 or None, got {trajectory_timeout_s}")
+        self.engines = list(engines)
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.max_inflight_per_engine = max_inflight_per_engine
+        self.trajectory_timeout_s = trajectory_timeout_s
+        self.reward_fn = reward_fn
+        self._graphs: dict[tuple[str, str | None, int], AgentGraph] = {}
+        self._outstanding = [0] * len(self.engines)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ entry points
+
+    def generate(
+        self, rows: Sequence[Mapping[str, Any]], n_samples: int, sampling_params: Mapping[str, Any]
+    ) -> RolloutBatch:
+        """Blocking :meth:`agenerate` on the manager's own event loop (kept across calls)."""
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(self.agenerate(rows, n_samples, sampling_params))
+
+    async def agenerate(
+        self, rows: Sequence[Mapping[str, Any]], n_samples: int, sampling_params: Mapping[str, Any]
+    ) -> RolloutBatch:
+        """``n_samples`` trajectories per row, row-major, with their statistics."""
+        if n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+        SamplingParams.from_dict(sampling_params)  # fail before any trajectory starts
+        semaphores = [asyncio.Semaphore(self.max_inflight_per_engine) for _ in self.engines]
+        start = time.perf_counter()
+        tasks = [
+            self._run_one(row, group, sample, dict(sampling_params), semaphores)
+            for group, row in enumerate(rows)
+            for sample in range(n_samples)
+        ]
+        trajectories = list(await asyncio.gather(*tasks))
+        return RolloutBatch(trajectories, summarize(trajectories, time.perf_counter() - start))
+
+    def close(self) -> None:
+        """Close the manager's event loop (engines are owned and shut down by the caller)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            self._loop.close()
+
+    # ------------------------------------------------------------------ one trajectory
+
+    async def _run_one(
+        self,
+        row: Mapping[str, Any],
+        group: int,
+        sample: int,
+        sampling_params: dict[str, Any],
+        semaphores: list[asyncio.Semaphore],
+    ) -> Trajectory:
+        agent_name = str(row.get("agent_name"))
+        engine_index = min(range(len(self.engines)), key=self._outstanding.__getitem__)
+        self._outstanding[engine_index] += 1
+        start = time.perf_counter()
+        try:
+            async with semaphores[engine_index]:
+                start = time.perf_counter()
+                graph = self._graph(row, engine_index)
+                kwargs = agent_run_kwargs(row)
+                run = graph.run(sampling_params=sampling_params, **kwargs)
+                output = await asyncio.wait_for(run, self.trajectory_timeout_s)
+                if not isinstance(output, AgentGraphOutput):
+                    raise TypeError(f"{type(graph).__name__}.run returned {type(output).__name__}, not AgentGraphOutput")
+                check_output(output)
+                reward = self._reward(output, row, kwargs["ground_truth"])
+        except asyncio.TimeoutError:
+            reason = f"timeout: trajectory exceeded {self.trajectory_timeout_s}s"
+            return Trajectory(group, sample, agent_name, failed=True, failure_reason=reason, seconds=_since(start))
+        except Exception as exc:  # one trajectory's fault is counted, never fatal to the batch
+            reason = f"{type(exc).__name__}: {exc}"
+            return Trajectory(group, sample, agent_name, failed=True, failure_reason=reason, seconds=_since(start))
+        finally:
+            self._outstanding[engine_index] -= 1
+        return _to_trajectory(output, group, sample, agent_name, reward, _since(start))
+
+    def _graph(self, row: Mapping[str, Any], engine_index: int) -> AgentGraph:
+        """The graph for the row's agent and config on this engine, built once."""
+        agent_name, cfg_path = row["agent_name"], row.get("agent_cfg_path") or None
+        key = (agent_name, cfg_path, engine_index)
+        if key not in self._graphs:
+            cls = get_agent_class(agent_name)
+            self._graphs[key] = cls(
+                agent_name, load_agent_cfg(cfg_path), self.engines[engine_index], self.tokenizer, processor=self.processor
+            )
+        return self._graphs[key]
+
+    def _reward(self, output: AgentGraphOutput, row: Mapping[str, Any], ground_truth: Any) -> float:
+        """The agent's own reward when set, else the row's reward function on the output text."""
+        if output.reward_score is not None:
+            return float(output.reward_score)
+        reward_fn = resolve_reward_fn(row, self.reward_fn)
+        if reward_fn is None:
+            raise ValueError(
+                f"no reward for agent {row.get('agent_name')!r}: it set no reward_score and no reward function "
+                f"matches data_source={row.get('data_source')!r} (set the manager's reward_fn)"
+            )
+        return float(reward_fn(output.str_output, ground_truth, **{k: v for k, v in row.items() if k != "ground_truth"}))
+
+
+def check_output(output: AgentGraphOutput) -> None:
+    """Raise ``ValueError`` when an output breaks the token invariants the trainer relies on."""
+    n, p = len(output.all_token_ids), len(output.prompt_ids)
+    if len(output.loss_mask) != n:
+        raise ValueError(f"loss_mask has {len(output.loss_mask)} entries for {n} tokens")
+    if output.all_token_ids[:p] != output.prompt_ids or any(output.loss_mask[:p]):
+        raise ValueError("all_token_ids must start with prompt_ids, which carry loss_mask 0")
+    if output.response_logprobs is not None and len(output.response_logprobs) != n - p:
+        raise ValueError(f"response_logprobs has {len(output.response_logprobs)} entries for {n - p} response tokens")
+
+
+def _to_trajectory(
+    output: AgentGraphOutput, group: int, sample: int, agent_name: str, reward: float, seconds: float
+) -> Trajectory:
+    extra = dict(output.extra_fields)
+    return Trajectory(
+        group=group,
+        sample=sample,
+        agent_name=agent_name,
+        prompt_ids=output.prompt_ids,
+        all_token_ids=output.all_token_ids,
+        loss_mask=output.loss_mask,
+        response_logprobs=output.response_logprobs,
+        reward=reward,
+        num_turns=output.num_turns,
+        num_model_turns=int(extra.pop("num_model_turns", 0)),
+        num_tool_calls=int(extra.pop("num_tool_calls", 0)),
+        str_output=output.str_output,
+        seconds=seconds,
+        extra_fields=extra,
+    )
+
+
+def summarize(trajectories: Sequence[Trajectory], seconds: float) -> RolloutStats:
+    """Statistics over the successful trajectories; failures are counted with their reasons."""
+    ok = [t for t in trajectories if not t.failed]
+    failed = [t for t in trajectories if t.failed]
+    rewards = [t.reward for t in ok]
+    return RolloutStats(
+        num_trajectories=len(trajectories),
+        num_failed=len(failed),
+        failure_reasons=Counter(t.failure_reason for t in failed),
+        reward_mean=statistics.fmean(rewards) if rewards else 0.0,
+        reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        response_length_mean=statistics.fmean(t.num_generated_tokens for t in ok) if ok else 0.0,
+        num_turns_mean=statistics.fmean(t.num_turns for t in ok) if ok else 0.0,
+        tool_calls_mean=statistics.fmean(t.num_tool_calls for t in ok) if ok else 0.0,
+        seconds=seconds,
+        generated_tokens=sum(t.num_generated_tokens for t in ok),
+    )
+
+
+def _since(start: float) -> float:
+    return time.perf_counter() - start

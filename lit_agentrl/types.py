@@ -1,0 +1,83 @@
+"""Trajectories and rollout statistics: what the rollout half hands to the trainer."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Trajectory:
+    """One sampled trajectory of one prompt row. Token lists are per trajectory (unpadded).
+
+    ``group`` identifies the prompt: the trajectories of one row share it, and GRPO normalises rewards
+    within a group. A failed trajectory keeps its reason and has empty token lists: it never reaches the loss.
+    """
+
+    group: int
+    """Index of the prompt row in the rollout batch."""
+    sample: int
+    """Index of this sample among the row's samples."""
+    agent_name: str
+    prompt_ids: list[int] = field(default_factory=list)
+    """[P] prompt token ids."""
+    all_token_ids: list[int] = field(default_factory=list)
+    """[P + R] prompt then every later token."""
+    loss_mask: list[int] = field(default_factory=list)
+    """[P + R] 1 on generated tokens."""
+    response_logprobs: list[float] | None = None
+    """[R] engine log-probs of all_token_ids[P:], 0.0 where loss_mask is 0."""
+    reward: float = 0.0
+    num_turns: int = 0
+    num_model_turns: int = 0
+    num_tool_calls: int = 0
+    str_output: str = ""
+    failed: bool = False
+    failure_reason: str | None = None
+    seconds: float = 0.0
+    extra_fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens the model generated (loss_mask == 1)."""
+        return sum(self.loss_mask)
+
+
+@dataclass
+class RolloutStats:
+    """Aggregates of one rollout batch; ``as_metrics`` gives the documented ``rollout/*`` keys."""
+
+    num_trajectories: int = 0
+    num_failed: int = 0
+    failure_reasons: Counter = field(default_factory=Counter)
+    reward_mean: float = 0.0
+    reward_std: float = 0.0
+    response_length_mean: float = 0.0
+    num_turns_mean: float = 0.0
+    tool_calls_mean: float = 0.0
+    seconds: float = 0.0
+    generated_tokens: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_metrics(self) -> dict[str, float]:
+        return {
+            "rollout/reward_mean": self.reward_mean,
+            "rollout/reward_std": self.reward_std,
+            "rollout/response_length_mean": self.response_length_mean,
+            "rollout/num_turns_mean": self.num_turns_mean,
+            "rollout/tool_calls_mean": self.tool_calls_mean,
+            "rollout/failed": float(self.num_failed),
+            "rollout/tokens_per_s": self.tokens_per_s,
+        }
+
+
+@dataclass
+class RolloutBatch:
+    """Every trajectory of a rollout (``n`` per row, row-major) and their statistics."""
+
+    trajectories: list[Trajectory]
+    stats: RolloutStats
