@@ -58,6 +58,8 @@ class RolloutStats:
     tool_calls_mean: float = 0.0
     seconds: float = 0.0
     generated_tokens: int = 0
+    template_drift: int = 0
+    """Token positions, summed over trajectories, where accumulated ids differ from the re-rendered template."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -72,6 +74,7 @@ class RolloutStats:
             "rollout/tool_calls_mean": self.tool_calls_mean,
             "rollout/failed": float(self.num_failed),
             "rollout/tokens_per_s": self.tokens_per_s,
+            "rollout/template_drift": float(self.template_drift),
         }
 
 

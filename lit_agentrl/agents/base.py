@@ -9,6 +9,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from pydantic import BaseModel, Field
 
 from lit_agentrl.agents.chat_model import ChatModel, find_last_ai_index
+from lit_agentrl.agents.drift import count_template_drift
 
 
 class AgentGraphOutput(BaseModel):
@@ -57,6 +58,9 @@ class AgentGraph(ABC):
             async def run(self, messages, sampling_params, **kwargs) -> AgentGraphOutput: ...
     """
 
+    check_template_drift: bool = False
+    """When True, :meth:`convert_agent_graph_output` records ``extra_fields["template_drift"]``."""
+
     def __init__(
         self,
         agent_name: str,
@@ -93,6 +97,15 @@ class AgentGraph(ABC):
         meta = messages[last].response_metadata
         prompt_len = meta["prompt_length"]
         ai_messages = [m for m in messages[: last + 1] if isinstance(m, AIMessage)]
+        extra: dict[str, Any] = {
+            "num_model_turns": len(ai_messages),
+            "num_tool_calls": sum(len(m.tool_calls) + len(m.invalid_tool_calls) for m in ai_messages),
+            "finish_reason": meta.get("finish_reason"),
+        }
+        if self.check_template_drift:
+            extra["template_drift"] = count_template_drift(
+                messages, self.tokenizer, meta.get("tools"), meta.get("chat_template_kwargs")
+            )
         return AgentGraphOutput(
             str_output=self.tokenizer.decode(meta["token_ids"][prompt_len:]),
             prompt_ids=list(meta["token_ids"][:prompt_len]),
@@ -100,11 +113,7 @@ class AgentGraph(ABC):
             loss_mask=list(meta["loss_mask"]),
             response_logprobs=list(meta["logprobs"][prompt_len:]),
             num_turns=last + 1,
-            extra_fields={
-                "num_model_turns": len(ai_messages),
-                "num_tool_calls": sum(len(m.tool_calls) + len(m.invalid_tool_calls) for m in ai_messages),
-                "finish_reason": meta.get("finish_reason"),
-            },
+            extra_fields=extra,
         )
 
 

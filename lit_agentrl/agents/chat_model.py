@@ -47,8 +47,8 @@ class ChatModel(BaseChatModel):
 
     ``await model.ainvoke(messages, sampling_params={...})`` returns an ``AIMessage`` with parsed
     ``tool_calls``/``invalid_tool_calls`` and ``response_metadata`` holding ``token_ids``, ``loss_mask``,
-    ``logprobs`` (aligned with ``token_ids``), ``prompt_length``, ``output_ids``, ``raw_text`` and
-    ``finish_reason``.
+    ``logprobs`` (aligned with ``token_ids``), ``prompt_length``, ``output_ids``, ``raw_text``,
+    ``finish_reason``, and the ``tools`` and ``chat_template_kwargs`` the turn was rendered with.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
@@ -91,7 +91,7 @@ class ChatModel(BaseChatModel):
         output = await self.llm.async_generate(
             input_ids=token_ids, sampling_params=dict(kwargs.get("sampling_params") or {}), return_logprob=True
         )
-        message = self._to_message(output, token_ids, loss_mask, logprobs, prompt_length)
+        message = self._to_message(output, token_ids, loss_mask, logprobs, prompt_length, tools)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     # ------------------------------------------------------------------ encoding
@@ -138,7 +138,13 @@ class ChatModel(BaseChatModel):
     # ------------------------------------------------------------------ decoding
 
     def _to_message(
-        self, output: dict, token_ids: list[int], loss_mask: list[int], logprobs: list[float], prompt_length: int
+        self,
+        output: dict,
+        token_ids: list[int],
+        loss_mask: list[int],
+        logprobs: list[float],
+        prompt_length: int,
+        tools: Optional[list[dict]],
     ) -> AIMessage:
         meta = output["meta_info"]
         output_ids = list(output["output_ids"])
@@ -165,6 +171,8 @@ class ChatModel(BaseChatModel):
                 "output_ids": output_ids,
                 "raw_text": raw_text,
                 "finish_reason": finish,
+                "tools": tools,
+                "chat_template_kwargs": self.chat_template_kwargs,
             },
         )
 

@@ -131,8 +131,7 @@ class TransformersEngine:
         """
         if load_format not in (None, "direct"):
             return False, f"load_format {load_format!r} is not supported by TransformersEngine (use None)"
-        targets = dict(self.model.named_parameters())
-        targets.update(self.model.named_buffers())
+        targets = self.model.state_dict(keep_vars=True)  # every name, tied aliases included (lm_head.weight)
         pairs = list(named_tensors)
         for name, tensor in pairs:
             if name not in targets:

@@ -34,6 +34,8 @@ class RolloutManager:
         trajectory_timeout_s: a trajectory running longer is marked failed (None: no limit).
         reward_fn: name of the reward function for rows whose ``data_source`` names none and whose agent
             sets no ``reward_score`` (see :mod:`lit_agentrl.rewards`).
+        check_template_drift: re-render each finished conversation through the chat template and count
+            where it differs from the accumulated ids (``rollout/template_drift``; costs a render per trajectory).
 
     Example::
 
@@ -49,6 +51,7 @@ class RolloutManager:
         max_inflight_per_engine: int = 256,
         trajectory_timeout_s: float | None = None,
         reward_fn: str | None = None,
+        check_template_drift: bool = True,
     ) -> None:
         if not engines:
             raise ValueError("RolloutManager needs at least one engine")
@@ -62,6 +65,7 @@ class RolloutManager:
         self.max_inflight_per_engine = max_inflight_per_engine
         self.trajectory_timeout_s = trajectory_timeout_s
         self.reward_fn = reward_fn
+        self.check_template_drift = check_template_drift
         self._graphs: dict[tuple[str, str | None, int], AgentGraph] = {}
         self._outstanding = [0] * len(self.engines)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -140,9 +144,11 @@ class RolloutManager:
         key = (agent_name, cfg_path, engine_index)
         if key not in self._graphs:
             cls = get_agent_class(agent_name)
-            self._graphs[key] = cls(
+            graph = cls(
                 agent_name, load_agent_cfg(cfg_path), self.engines[engine_index], self.tokenizer, processor=self.processor
             )
+            graph.check_template_drift = self.check_template_drift
+            self._graphs[key] = graph
         return self._graphs[key]
 
     def _reward(self, output: AgentGraphOutput, row: Mapping[str, Any], ground_truth: Any) -> float:
@@ -207,6 +213,7 @@ def summarize(trajectories: Sequence[Trajectory], seconds: float) -> RolloutStat
         tool_calls_mean=statistics.fmean(t.num_tool_calls for t in ok) if ok else 0.0,
         seconds=seconds,
         generated_tokens=sum(t.num_generated_tokens for t in ok),
+        template_drift=sum(int(t.extra_fields.get("template_drift", 0)) for t in ok),
     )
 
 

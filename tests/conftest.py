@@ -1,0 +1,50 @@
+"""Shared fixtures: a tiny Qwen3 and tokenizer built locally once per session, and engines over it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+from lit_agentrl.models.tiny import save_tiny_model  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def policy_model(tiny_model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+
+
+@pytest.fixture()
+def engine(tiny_model_dir: Path):
+    from lit_agentrl.engines.hf import TransformersEngine
+
+    eng = TransformersEngine(str(tiny_model_dir), seed=0)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture()
+def scripted_engine_factory(policy_model, tokenizer):
+    from support import ScriptedEngine
+
+    return lambda replies: ScriptedEngine(policy_model, tokenizer, replies)

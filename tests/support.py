@@ -1,0 +1,70 @@
+"""Test doubles that need no network. Imported by tests as ``support`` (tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from lit_agentrl.engines.sampling import SamplingParams
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MATH_SAMPLE_TRAIN = REPO_ROOT / "data" / "samples" / "math_sample_train.jsonl"
+MATH_SAMPLE_TEST = REPO_ROOT / "data" / "samples" / "math_sample_test.jsonl"
+MATH_EVAL_CFG = REPO_ROOT / "configs" / "agents" / "math_eval.yaml"
+
+
+class ScriptedEngine:
+    """An engine whose policy "chooses" scripted replies, scored by the real tiny model.
+
+    A random-init model never writes a valid tool call, so multi-turn tests script what the model says;
+    everything else is real: token ids come from the real tokenizer, logprobs from the real model's
+    forward pass over exactly those tokens, and the output is in SGLang's format. ``calls`` records the
+    input ids of each request, so tests can check what the engine was asked.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, replies: Sequence[str | list[int]]) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.replies = list(replies)
+        self.calls: list[list[int]] = []
+
+    async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False, **kwargs):
+        params = SamplingParams.from_dict(sampling_params)
+        self.calls.append(list(input_ids))
+        reply = self.replies.pop(0)
+        ids = reply if isinstance(reply, list) else self.tokenizer.encode(reply, add_special_tokens=False)
+        ids = ids + [self.tokenizer.eos_token_id]
+        finish: dict = {"type": "stop", "matched": self.tokenizer.eos_token_id}
+        if len(ids) > params.max_new_tokens:
+            ids, finish = ids[: params.max_new_tokens], {"type": "length", "length": params.max_new_tokens}
+        await asyncio.sleep(0)
+        meta = {"finish_reason": finish, "prompt_tokens": len(input_ids), "completion_tokens": len(ids)}
+        if return_logprob:
+            meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(self.score(input_ids, ids), ids)]
+        return {"output_ids": ids, "meta_info": meta}
+
+    @torch.no_grad()
+    def score(self, prompt: list[int], output: list[int]) -> list[float]:
+        full = torch.tensor([prompt + output])
+        logprobs = torch.log_softmax(self.model(full).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
+        return logprobs.gather(-1, torch.tensor(output).unsqueeze(-1)).squeeze(-1).tolist()
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        return True, "scripted engine keeps no weights of its own"
+
+    def flush_cache(self) -> bool:
+        return True
+
+    def release_memory_occupation(self, tags=None) -> None: ...
+
+    def resume_memory_occupation(self, tags=None) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def tool_call_text(name: str, arguments: dict) -> str:
+    import json
+
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
