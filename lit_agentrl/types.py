@@ -84,3 +84,15 @@ class RolloutBatch:
 
     trajectories: list[Trajectory]
     stats: RolloutStats
+
+
+@dataclass
+class PromptBatch:
+    """One step's prompt rows for this rank; the rollout callback fills ``rollout`` before ``training_step``."""
+
+    rows: list[dict[str, Any]]
+    epoch: int
+    index: int
+    """Position of this batch within its epoch (global across ranks)."""
+    split: str = "train"
+    rollout: RolloutBatch | None = None

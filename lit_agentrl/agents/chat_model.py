@@ -9,6 +9,7 @@ engine produced, never re-tokenized from text, and ``response_metadata`` carries
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional, Sequence
 
 from langchain_core.language_models import BaseChatModel
@@ -17,10 +18,12 @@ from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_me
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from lit_agentrl.agents.tool_parser import parse_tool_calls
 from lit_agentrl.engines.base import output_logprobs
+
+_PROMPT_CACHE_SIZE = 4096
 
 # Stands in for an assistant turn's content when rendering the template, to find where that turn's text ends.
 _TURN_MARKER = "\u2063LITAGENTRL_TURN\u2063"
@@ -59,6 +62,7 @@ class ChatModel(BaseChatModel):
     processor: Any = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=lambda: {"enable_thinking": False})
     max_parallel_calls: Optional[int] = None
+    _prompt_cache: dict[str, list[int]] = PrivateAttr(default_factory=dict)
 
     @property
     def _llm_type(self) -> str:
@@ -121,7 +125,16 @@ class ChatModel(BaseChatModel):
         )
 
     def render_ids(self, messages: list[dict], tools: Optional[list[dict]], add_generation_prompt: bool) -> list[int]:
-        """Token ids of ``messages`` through the chat template."""
+        """Token ids of ``messages`` through the chat template (cached: GRPO renders each prompt n times)."""
+        key = json.dumps([messages, tools, add_generation_prompt], sort_keys=True, default=str)
+        cached = self._prompt_cache.get(key)
+        if cached is None:
+            if len(self._prompt_cache) >= _PROMPT_CACHE_SIZE:
+                self._prompt_cache.pop(next(iter(self._prompt_cache)))
+            cached = self._prompt_cache[key] = self._render_ids(messages, tools, add_generation_prompt)
+        return list(cached)
+
+    def _render_ids(self, messages: list[dict], tools: Optional[list[dict]], add_generation_prompt: bool) -> list[int]:
         text = self.tokenizer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs
         )

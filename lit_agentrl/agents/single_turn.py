@@ -1,4 +1,7 @@
-"""``single_turn``: one model turn on the chat prompt, for plain GRPO; the reward function scores it."""
+"""``single_turn``: one model turn on the chat prompt, for plain GRPO; the reward function scores it.
+
+Agent YAML keys (all optional): ``system_prompt``, prepended when the row's prompt has no system message.
+"""
 
 from __future__ import annotations
 
@@ -40,7 +43,13 @@ class SingleTurnAgentGraph(AgentGraph):
         return {"messages": [await self.chatmodel.ainvoke(state["messages"], sampling_params=params)]}
 
     async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:
-        state = await self.graph.ainvoke(
-            {"messages": list(messages)}, config={"configurable": {"sampling_params": sampling_params}}
-        )
+        messages = list(messages)
+        system_prompt = self.cfg.get("system_prompt") if self.cfg is not None else None
+        if system_prompt and not (messages and _role(messages[0]) == "system"):
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        state = await self.graph.ainvoke({"messages": messages}, config={"configurable": {"sampling_params": sampling_params}})
         return self.convert_agent_graph_output(state)
+
+
+def _role(message: Any) -> str | None:
+    return message.get("role") if isinstance(message, dict) else getattr(message, "type", None)

@@ -15,6 +15,7 @@ import inspect
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -53,6 +54,8 @@ class TransformersEngine:
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         max_running_requests: most sequences decoded together; more wait in the queue.
         seed: seed of the engine's sampling generator.
+        admission_window_s: an idle engine keeps gathering requests while the next one arrives within this.
+        max_admission_wait_s: an idle engine starts at most this long after its first request arrived.
 
     Logprobs are those of the sampled token under the temperature-scaled distribution (before top-k/top-p
     truncation), which is what the trainer recomputes; greedy requests (temperature 0) use the raw logits.
@@ -71,6 +74,8 @@ class TransformersEngine:
         dtype: str = "float32",
         max_running_requests: int = 256,
         seed: int = 0,
+        admission_window_s: float = 0.002,
+        max_admission_wait_s: float = 0.02,
     ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
@@ -85,6 +90,8 @@ class TransformersEngine:
         eos = self.model.generation_config.eos_token_id
         self.eos_token_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self.max_running_requests = max_running_requests
+        self.admission_window_s = admission_window_s
+        self.max_admission_wait_s = max_admission_wait_s
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._waiting: queue.Queue[_Request | None] = queue.Queue()
         self._step_lock = threading.Lock()  # held for each model step and for each weight update
@@ -240,14 +247,23 @@ class TransformersEngine:
                 item.future.set_exception(stopped)
 
     def _drain_queue(self, pending: "collections.deque[_Request]", block: bool) -> bool:
-        """Move queued requests into ``pending`` (waiting for one if ``block``); False once shut down."""
+        """Move queued requests into ``pending``; False once shut down.
+
+        When idle (``block``), wait for a first request, then keep gathering while requests keep arriving
+        within ``admission_window_s``: agents submit their requests one by one, and one prefill over many
+        of them costs far less than many prefills over few.
+        """
+        deadline = None
         try:
             item = self._waiting.get(block=block)
             while True:
                 if item is None:
                     return False
                 pending.append(item)
-                item = self._waiting.get_nowait()
+                if block and deadline is None:
+                    deadline = time.monotonic() + self.max_admission_wait_s
+                wait = min(self.admission_window_s, deadline - time.monotonic()) if deadline else 0.0
+                item = self._waiting.get(timeout=wait) if wait > 0 else self._waiting.get_nowait()
         except queue.Empty:
             return True
 

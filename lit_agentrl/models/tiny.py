@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 PAD_TOKEN = "<|endoftext|>"
@@ -54,6 +54,9 @@ class TinyModelConfig:
     head_dim: int = 32
     max_position_embeddings: int = 4096
     seed: int = 0
+    tokenizer: str = "bpe"
+    """``bpe``: byte-level BPE, lossless on any text; ``words``: a closed word-level vocabulary
+    (:data:`QUICKSTART_WORDS`), small enough for a random model to find rewarded answers by chance."""
 
 
 def chat_template() -> str:
@@ -82,6 +85,25 @@ def build_tokenizer(vocab_size: int = 384, corpus: list[str] | None = None) -> P
         clean_up_tokenization_spaces=False,
     )
     wrapped.add_tokens(ADDED_TOKENS, special_tokens=False)
+    return wrapped
+
+
+QUICKSTART_WORDS = [*"0123456789", "system", "user", "assistant", "tool", "=", "?", "higher", "lower", "found", "guess"]
+# Whitespace and punctuation become tokens of their own, so decoding with Fuse() restores the text exactly.
+_WORD_SPLIT = Regex(r"\s|[^\w\s]|[A-Za-z]+|\d")
+
+
+def build_word_tokenizer(words: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over a closed vocabulary (digits are single tokens); unknown words map to <unk>."""
+    vocab_words = [*SPECIAL_TOKENS, "<unk>", " ", "\n", *(words or QUICKSTART_WORDS)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(dict.fromkeys(vocab_words))}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(_WORD_SPLIT, behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=IM_END, pad_token=PAD_TOKEN, unk_token="<unk>", bos_token=None,
+        chat_template=chat_template(), clean_up_tokenization_spaces=False,
+    )
+    wrapped.add_special_tokens({"additional_special_tokens": [IM_START]})
     return wrapped
 
 
@@ -115,7 +137,9 @@ def save_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> 
     cfg = cfg or TinyModelConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(cfg.vocab_size)
+    if cfg.tokenizer not in ("bpe", "words"):
+        raise ValueError(f"tokenizer must be 'bpe' or 'words', got {cfg.tokenizer!r}")
+    tokenizer = build_tokenizer(cfg.vocab_size) if cfg.tokenizer == "bpe" else build_word_tokenizer()
     tokenizer.save_pretrained(out)
     build_model(tokenizer, cfg).save_pretrained(out)
     return out
@@ -125,8 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory to write the model and tokenizer to")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", choices=["bpe", "words"], default="bpe")
     args = parser.parse_args(argv)
-    print(save_tiny_model(args.out, TinyModelConfig(seed=args.seed)))
+    print(save_tiny_model(args.out, TinyModelConfig(seed=args.seed, tokenizer=args.tokenizer)))
 
 
 if __name__ == "__main__":

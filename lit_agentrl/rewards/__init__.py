@@ -8,7 +8,8 @@ from lit_agentrl.rewards.registry import (
     resolve_reward_fn,
 )
 
-# Imported for its side effect: registers the "math" reward.
+# Imported for their side effect: they register the "math" and "next_digit" rewards.
+from lit_agentrl.rewards import digits as _digits  # noqa: F401
 from lit_agentrl.rewards import math as _math  # noqa: F401
 
 __all__ = [

@@ -1,0 +1,158 @@
+"""RolloutCallback: rollouts before each training step, weight sync after it, validation rollouts."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from transformers import AutoTokenizer
+
+from lit_agentrl.engines import RolloutEngine, SamplingParams, build_engine
+from lit_agentrl.engines.weight_sync import sync_weights
+from lit_agentrl.metrics import RolloutMetrics
+from lit_agentrl.rollout.manager import RolloutManager
+from lit_agentrl.types import PromptBatch
+
+
+class RolloutCallback(Callback):
+    """Drive agent rollouts through a rank-local engine and keep the engine's weights equal to the policy's.
+
+    Args:
+        engine: ``transformers`` or ``sglang``.
+        engine_kwargs: passed to the engine's constructor (e.g. ``max_running_requests``, ``dtype``).
+        n_samples: trajectories per training prompt (the GRPO group size).
+        sampling_params: SGLang-style sampling parameters of training rollouts.
+        val_n_samples: trajectories per validation prompt.
+        val_sampling_params: sampling parameters of validation rollouts.
+        max_inflight_per_engine: most trajectories in flight against the engine.
+        trajectory_timeout_s: a trajectory running longer is marked failed and left out of the loss.
+        check_template_drift: count ``rollout/template_drift`` (one template render per trajectory).
+        sync_bucket_mb: size of the weight-sync buckets.
+
+    The reward function is the data module's ``reward_fn``. Example (YAML, under ``trainer.callbacks``)::
+
+        - class_path: lit_agentrl.callbacks.RolloutCallback
+          init_args: {n_samples: 8, sampling_params: {max_new_tokens: 256, temperature: 1.0}}
+    """
+
+    def __init__(
+        self,
+        engine: str = "transformers",
+        engine_kwargs: dict[str, Any] | None = None,
+        n_samples: int = 8,
+        sampling_params: dict[str, Any] | None = None,
+        val_n_samples: int = 1,
+        val_sampling_params: dict[str, Any] | None = None,
+        max_inflight_per_engine: int = 256,
+        trajectory_timeout_s: float | None = None,
+        check_template_drift: bool = True,
+        sync_bucket_mb: int = 512,
+    ) -> None:
+        if n_samples < 1 or val_n_samples < 1:
+            raise ValueError(f"n_samples and val_n_samples must be >= 1, got {n_samples} and {val_n_samples}")
+        if sync_bucket_mb < 1:
+            raise ValueError(f"sync_bucket_mb must be >= 1, got {sync_bucket_mb}")
+        self.sampling = SamplingParams.from_dict(sampling_params, where="RolloutCallback.sampling_params")
+        SamplingParams.from_dict(val_sampling_params, where="RolloutCallback.val_sampling_params")
+        self.engine_name = engine
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self.n_samples, self.val_n_samples = n_samples, val_n_samples
+        self.sampling_params = dict(sampling_params or {})
+        self.val_sampling_params = dict(val_sampling_params or {})
+        self.max_inflight_per_engine = max_inflight_per_engine
+        self.trajectory_timeout_s = trajectory_timeout_s
+        self.check_template_drift = check_template_drift
+        self.sync_bucket_bytes = sync_bucket_mb << 20
+        self.engine: RolloutEngine | None = None
+        self.manager: RolloutManager | None = None
+        self.metrics = RolloutMetrics()
+        self.totals = {"rollouts": 0, "trajectories": 0, "failed": 0, "syncs": 0}
+        self._needs_sync = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.engine is not None:
+            return
+        model_path = pl_module.hparams.model_path
+        temperature = getattr(pl_module.hparams, "rollout_temperature", None)
+        if temperature is not None and abs(self.sampling.temperature - temperature) > 1e-9:
+            raise ValueError(
+                f"RolloutCallback.sampling_params.temperature={self.sampling.temperature} but "
+                f"model.rollout_temperature={temperature}: log-probs must be computed at the sampling temperature"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if not tokenizer.chat_template:
+            raise ValueError(f"the tokenizer at {model_path!r} has no chat template; agents need one to build prompts")
+        self.engine = build_engine(self.engine_name, model_path, **self.engine_kwargs)
+        self.manager = RolloutManager(
+            [self.engine],
+            tokenizer,
+            max_inflight_per_engine=self.max_inflight_per_engine,
+            trajectory_timeout_s=self.trajectory_timeout_s,
+            reward_fn=getattr(trainer.datamodule, "reward_fn", None),
+            check_template_drift=self.check_template_drift,
+        )
+        self.metrics.to(pl_module.device)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.manager is not None:
+            self.manager.close()
+        if self.engine is not None:
+            self.engine.shutdown()
+        self.engine, self.manager = None, None
+
+    # ------------------------------------------------------------------ training
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._sync_if_needed(pl_module)
+        start = time.perf_counter()
+        batch.rollout = self.manager.generate(batch.rows, self.n_samples, self.sampling_params)
+        seconds = time.perf_counter() - start
+        metrics = self.metrics.compute(batch.rollout.trajectories, seconds)
+        self._count(batch)
+        pl_module.log_dict(metrics, on_step=True, batch_size=1)
+        pl_module.log("rollout/reward", metrics["rollout/reward_mean"], on_step=True, prog_bar=True, logger=False, batch_size=1)
+        pl_module.log("time/rollout_s", seconds, on_step=True, prog_bar=True, batch_size=1)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        start = time.perf_counter()
+        self._sync(pl_module)
+        pl_module.log("time/sync_s", time.perf_counter() - start, on_step=True, batch_size=1)
+
+    # ------------------------------------------------------------------ validation
+
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._sync_if_needed(pl_module)
+        batch.rollout = self.manager.generate(batch.rows, self.val_n_samples, self.val_sampling_params)
+
+    # ------------------------------------------------------------------ weight sync
+
+    def _sync_if_needed(self, pl_module: L.LightningModule) -> None:
+        if self._needs_sync:
+            rank_zero_info("RolloutCallback: re-syncing the engine with the restored policy weights")
+            self._sync(pl_module)
+
+    def _sync(self, pl_module: L.LightningModule) -> None:
+        sync_weights(pl_module.model, self.engine, self.sync_bucket_bytes)
+        self.totals["syncs"] += 1
+        self._needs_sync = False
+
+    def _count(self, batch: PromptBatch) -> None:
+        self.totals["rollouts"] += 1
+        self.totals["trajectories"] += len(batch.rollout.trajectories)
+        self.totals["failed"] += batch.rollout.stats.num_failed
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.totals)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.totals.update(state_dict)
+        self._needs_sync = True  # the engine still holds the initial weights; the restored policy differs

@@ -1,0 +1,250 @@
+"""AgentPromptDataModule: agent-tagged prompt rows, validated up front, split across ranks, resumable.
+
+A row (JSON, JSONL or Parquet) carries the chat prompt, the routing key ``agent_name``, optionally the
+agent's YAML ``agent_cfg_path``, the ground truth (``reward_model.ground_truth`` or ``ground_truth``) and
+any extra fields, which reach the agent's ``run(**kwargs)``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import lightning as L
+import torch
+
+from lit_agentrl.agents.config import load_agent_cfg
+from lit_agentrl.agents.registry import get_agent_class, import_agent_modules
+from lit_agentrl.rewards import get_reward_fn, resolve_reward_fn
+from lit_agentrl.rows import PROMPT_KEYS, row_ground_truth
+from lit_agentrl.types import PromptBatch
+
+_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+_MAX_ERRORS_SHOWN = 10
+
+
+def load_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Every row of a JSON/JSONL/Parquet file, through ``datasets``; errors name the file."""
+    import datasets
+
+    path = Path(path)
+    builder = _BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise ValueError(f"data file {str(path)!r}: unsupported extension {path.suffix!r}; use one of {sorted(_BUILDERS)}")
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+    if path.stat().st_size == 0:
+        raise ValueError(f"data file {str(path)!r} is empty")
+    datasets.disable_progress_bars()
+    with tempfile.TemporaryDirectory() as cache:  # keep datasets' Arrow cache out of the user's home
+        try:
+            table = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache, keep_in_memory=True)
+        except Exception as exc:  # datasets wraps JSON/Arrow errors in several types
+            cause = exc.__cause__ or exc
+            raise ValueError(f"data file {str(path)!r} could not be read as {builder}: {type(cause).__name__}: {cause}") from exc
+        rows = table.to_list()
+    if not rows:
+        raise ValueError(f"data file {str(path)!r} has no rows")
+    return rows
+
+
+def row_errors(row: Mapping[str, Any], data_dir: Path, reward_fn: str | None) -> list[str]:
+    """What is wrong with one row, each naming the field; empty when the row is usable."""
+    errors = []
+    agent_name = row.get("agent_name")
+    if not agent_name:
+        errors.append("field 'agent_name' is missing or empty")
+    else:
+        try:
+            get_agent_class(agent_name)
+        except KeyError as exc:
+            errors.append(f"field 'agent_name': {exc.args[0]}")
+    cfg_path = row.get("agent_cfg_path")
+    if cfg_path:
+        try:
+            load_agent_cfg(resolve_cfg_path(cfg_path, data_dir))
+        except (FileNotFoundError, ValueError) as exc:
+            errors.append(f"field 'agent_cfg_path': {exc}")
+    errors += _prompt_errors(row)
+    try:
+        needs_truth = resolve_reward_fn(row, reward_fn) is not None
+    except KeyError as exc:
+        errors.append(f"reward: {exc.args[0]}")
+        needs_truth = False
+    if needs_truth and row_ground_truth(row) in (None, ""):
+        errors.append("field 'reward_model.ground_truth' (or 'ground_truth') is missing; the reward function needs it")
+    return errors
+
+
+def _prompt_errors(row: Mapping[str, Any]) -> list[str]:
+    key = next((k for k in PROMPT_KEYS if k in row), None)
+    if key is None:
+        return [f"no prompt: expected a field named one of {list(PROMPT_KEYS)}"]
+    prompt = row[key]
+    if not isinstance(prompt, list) or not prompt:
+        return [f"field {key!r} must be a non-empty list of chat messages, got {type(prompt).__name__}"]
+    for i, message in enumerate(prompt):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) or "content" not in message:
+            return [f"field {key!r}[{i}] must be a message with 'role' and 'content', got {message!r}"]
+        if message["role"] not in ("system", "user", "assistant", "tool"):
+            return [f"field {key!r}[{i}]: role {message['role']!r} is not one of system, user, assistant, tool"]
+    return []
+
+
+def resolve_cfg_path(cfg_path: str, data_dir: Path) -> str:
+    """A relative ``agent_cfg_path`` is looked up from the working directory, then beside the data file."""
+    path = Path(cfg_path)
+    if path.is_absolute() or path.exists():
+        return str(path.resolve())
+    beside = data_dir / path
+    return str(beside.resolve()) if beside.exists() else str(path)
+
+
+def load_and_validate(paths: Sequence[str], reward_fn: str | None) -> list[dict[str, Any]]:
+    """Load every file and validate every row; one ``ValueError`` lists the first problems found."""
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for path in paths:
+        data_dir = Path(path).resolve().parent
+        for i, row in enumerate(load_rows(path)):
+            errors = row_errors(row, data_dir, reward_fn)
+            problems += [f"{path}, row {i}: {e}" for e in errors]
+            if row.get("agent_cfg_path"):
+                row["agent_cfg_path"] = resolve_cfg_path(row["agent_cfg_path"], data_dir)
+            rows.append(row)
+    if problems:
+        shown = "\n  ".join(problems[:_MAX_ERRORS_SHOWN])
+        more = f"\n  ... and {len(problems) - _MAX_ERRORS_SHOWN} more" if len(problems) > _MAX_ERRORS_SHOWN else ""
+        raise ValueError(f"{len(problems)} invalid row(s) (rows are numbered from 0):\n  {shown}{more}")
+    return rows
+
+
+class PromptBatchLoader:
+    """Yields this rank's share of each step's prompts: a seeded shuffle per epoch, resumable mid-epoch.
+
+    Every rank draws the same permutation and takes its slice of each global batch, so ranks never
+    overlap. Lightning saves ``state_dict()`` in checkpoints (the loader is ``_Stateful``); the position
+    advances only when a batch is consumed (:meth:`mark_consumed`), not when it is prefetched.
+    """
+
+    def __init__(
+        self, rows: list[dict[str, Any]], prompts_per_step: int, seed: int, shuffle: bool, rank: int, world_size: int, split: str
+    ) -> None:
+        self.rows, self.prompts_per_step, self.seed, self.shuffle = rows, prompts_per_step, seed, shuffle
+        self.rank, self.world_size, self.split = rank, world_size, split
+        self.epoch, self.consumed = 0, 0
+
+    def __len__(self) -> int:
+        return len(self.rows) // self.prompts_per_step
+
+    def __iter__(self) -> Iterator[PromptBatch]:
+        if self.consumed >= len(self):
+            self.epoch, self.consumed = self.epoch + 1, 0
+        order = self._order(self.epoch)
+        per_rank = self.prompts_per_step // self.world_size
+        for index in range(self.consumed, len(self)):
+            start = index * self.prompts_per_step + self.rank * per_rank
+            rows = [self.rows[i] for i in order[start : start + per_rank]]
+            yield PromptBatch(rows=rows, epoch=self.epoch, index=index, split=self.split)
+
+    def _order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.rows)))
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(len(self.rows), generator=generator).tolist()
+
+    def mark_consumed(self, batch: PromptBatch) -> None:
+        self.epoch, self.consumed = batch.epoch, batch.index + 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed, "num_rows": len(self.rows)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("num_rows", len(self.rows)) != len(self.rows) or state.get("seed", self.seed) != self.seed:
+            raise ValueError(
+                f"cannot resume the data position: the checkpoint was taken with {state.get('num_rows')} rows and seed "
+                f"{state.get('seed')}, this run has {len(self.rows)} rows and seed {self.seed}"
+            )
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+
+
+class AgentPromptDataModule(L.LightningDataModule):
+    """Agent-tagged prompt rows for GRPO, validated before the first step.
+
+    Args:
+        train_files: JSON/JSONL/Parquet file(s) of training rows.
+        val_files: file(s) of validation rows (optional).
+        prompts_per_step: prompts per optimizer step across all ranks (each rank gets an equal share).
+        val_prompts_per_step: prompts per validation batch across all ranks (default: ``prompts_per_step``).
+        seed: seed of the per-epoch shuffle.
+        shuffle: shuffle the training rows each epoch.
+        reward_fn: default reward function name (rows whose ``data_source`` names none use it); rows that
+            get a reward function must carry a ground truth.
+        agent_modules: modules (dotted names or ``.py`` paths) to import before validation, so users'
+            ``@register`` agents exist.
+
+    Example (YAML, under ``data:``)::
+
+        train_files: data/samples/math_sample_train.jsonl
+        prompts_per_step: 8
+        reward_fn: math
+    """
+
+    def __init__(
+        self,
+        train_files: str | list[str],
+        val_files: str | list[str] | None = None,
+        prompts_per_step: int = 8,
+        val_prompts_per_step: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        reward_fn: str | None = None,
+        agent_modules: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        if prompts_per_step < 1:
+            raise ValueError(f"data.prompts_per_step must be >= 1, got {prompts_per_step}")
+        if reward_fn is not None:
+            get_reward_fn(reward_fn)  # unknown names fail here, listing the registered ones
+        self.train_files = [train_files] if isinstance(train_files, str) else list(train_files)
+        self.val_files = [val_files] if isinstance(val_files, str) else list(val_files or [])
+        self.prompts_per_step = prompts_per_step
+        self.val_prompts_per_step = val_prompts_per_step or prompts_per_step
+        self.seed, self.shuffle, self.reward_fn = seed, shuffle, reward_fn
+        self.agent_modules = list(agent_modules or [])
+        self._train_loader: PromptBatchLoader | None = None
+        self._val_loader: PromptBatchLoader | None = None
+
+    def setup(self, stage: str) -> None:
+        import_agent_modules(self.agent_modules)
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        for name, size in (("data.prompts_per_step", self.prompts_per_step), ("data.val_prompts_per_step", self.val_prompts_per_step)):
+            if size % world:
+                raise ValueError(f"{name}={size} must be divisible by the number of processes ({world})")
+        if stage == "fit" and self._train_loader is None:
+            rows = load_and_validate(self.train_files, self.reward_fn)
+            if len(rows) < self.prompts_per_step:
+                raise ValueError(f"{self.train_files}: {len(rows)} rows, fewer than data.prompts_per_step={self.prompts_per_step}")
+            self._train_loader = PromptBatchLoader(rows, self.prompts_per_step, self.seed, self.shuffle, rank, world, "train")
+        if self.val_files and self._val_loader is None and stage in ("fit", "validate"):
+            rows = load_and_validate(self.val_files, self.reward_fn)
+            size = min(self.val_prompts_per_step, len(rows) - len(rows) % world)
+            if size < world:
+                raise ValueError(f"{self.val_files}: {len(rows)} rows cannot be split across {world} processes")
+            self._val_loader = PromptBatchLoader(rows, size, self.seed, False, rank, world, "val")
+
+    def train_dataloader(self) -> PromptBatchLoader:
+        assert self._train_loader is not None, "setup('fit') must run first"
+        return self._train_loader
+
+    def val_dataloader(self) -> PromptBatchLoader | list:
+        if self._val_loader is None:
+            return []
+        self._val_loader.consumed = 0  # validation always runs the whole set
+        return self._val_loader
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, PromptBatch) and batch.split == "train" and self._train_loader is not None:
+            self._train_loader.mark_consumed(batch)
+        return batch

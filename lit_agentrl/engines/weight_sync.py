@@ -1,0 +1,51 @@
+"""Push the policy's weights into a rollout engine: full tensors gathered in buckets, one bucket at a time.
+
+Under FSDP2 every parameter is a DTensor shard; ``full_tensor()`` all-gathers it, so every rank must walk
+the parameters in the same order. Buckets bound the memory held at once to about ``bucket_bytes``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from lit_agentrl.engines.base import RolloutEngine
+
+
+def full_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each parameter as a full (unsharded) detached tensor, by its state-dict name; tied weights once."""
+    for name, param in model.named_parameters():
+        tensor = param.detach()
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        yield name, tensor
+
+
+def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group tensors into lists of about ``bucket_bytes`` (a larger tensor forms a bucket of its own)."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named:
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
+
+
+def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_bytes: int = 512 << 20) -> int:
+    """Copy every parameter of ``model`` into ``engine``; returns the number of tensors pushed.
+
+    Raises ``RuntimeError`` with the engine's message when it reports a failed update.
+    """
+    pushed = 0
+    for bucket in buckets(full_named_parameters(model), bucket_bytes):
+        ok, message = engine.update_weights_from_tensor(bucket, flush_cache=False)
+        if not ok:
+            raise RuntimeError(f"weight sync failed after {pushed} tensors: {message}")
+        pushed += len(bucket)
+    engine.flush_cache()
+    return pushed

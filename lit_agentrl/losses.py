@@ -1,0 +1,123 @@
+"""GRPO maths as pure functions: advantages, token log-probs, the clipped policy loss, KL. Each returns stats.
+
+Shapes in comments: N trajectories in a rollout batch, B sequences in a micro-batch, L tokens, V vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+
+LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+
+
+class GroupAdvantages(NamedTuple):
+    advantages: torch.Tensor  # [N]
+    num_groups: int
+    num_flat_groups: int  # groups whose rewards are all equal: zero advantage, no gradient
+
+
+def grpo_advantages(
+    rewards: torch.Tensor, groups: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6
+) -> GroupAdvantages:
+    """Group-relative advantages: each reward minus its group's mean, optionally over the group's std.
+
+    rewards: [N] float; groups: [N] int (trajectories of one prompt share a group id). With
+    ``normalize_std=False`` this is Dr. GRPO's unbiased variant. The std is the population std.
+    """
+    _, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
+    num_groups = counts.numel()
+    sums = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(0, inverse, rewards)
+    means = sums / counts
+    centered = rewards - means[inverse]
+    squares = torch.zeros_like(sums).index_add_(0, inverse, centered**2)
+    stds = (squares / counts).sqrt()
+    advantages = centered / (stds[inverse] + eps) if normalize_std else centered
+    return GroupAdvantages(advantages, num_groups, int((stds <= eps).sum()))
+
+
+class TokenLogProbs(NamedTuple):
+    logprobs: torch.Tensor  # [B, L]
+    entropy: torch.Tensor | None  # [B, L]
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+) -> TokenLogProbs:
+    """Log-probability of each target token under softmax(logits / temperature), and optionally the entropy.
+
+    logits: [B, L, V] (position t predicts targets[:, t]); targets: [B, L]. Computed in float32.
+    """
+    scaled = logits.float() / temperature
+    log_z = torch.logsumexp(scaled, dim=-1)  # [B, L]
+    picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(scaled, dim=-1)
+        entropy = log_z - (probs * scaled).sum(-1)
+    return TokenLogProbs(picked, entropy)
+
+
+class PolicyLossStats(NamedTuple):
+    clip_frac: torch.Tensor  # fraction of masked tokens whose ratio was clipped
+    ratio_mean: torch.Tensor
+    approx_kl: torch.Tensor  # mean of (old - new) log-prob: how far the policy moved from the rollout
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, how: LossAggregation, denominator: float | None = None) -> torch.Tensor:
+    """Reduce per-token ``values`` [B, L] under ``mask`` [B, L].
+
+    token-mean: sum over all tokens / number of tokens (``denominator`` overrides the count, so
+    micro-batches of one mini-batch add up to the mini-batch's mean); seq-mean-token-mean: mean per
+    sequence, then mean over sequences; seq-mean-token-sum: sum per sequence, mean over sequences. For the
+    sequence variants ``denominator`` overrides the number of sequences.
+    """
+    mask = mask.to(values.dtype)
+    if how == "token-mean":
+        return (values * mask).sum() / (denominator if denominator is not None else mask.sum().clamp(min=1))
+    per_seq = (values * mask).sum(-1)
+    if how == "seq-mean-token-mean":
+        per_seq = per_seq / mask.sum(-1).clamp(min=1)
+    elif how != "seq-mean-token-sum":
+        raise ValueError(f"unknown loss aggregation {how!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+    return per_seq.sum() / (denominator if denominator is not None else max(per_seq.numel(), 1))
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: LossAggregation = "token-mean",
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, PolicyLossStats]:
+    """PPO/GRPO clipped surrogate with separate low/high clip ratios (DAPO's clip-higher when high > low).
+
+    logprobs, old_logprobs, mask: [B, L]; advantages: [B] (one per sequence, broadcast over its tokens).
+    loss = -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A), aggregated under ``mask``.
+    """
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    adv = advantages.unsqueeze(-1).to(logprobs.dtype)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    loss = aggregate(per_token, mask, aggregation, denominator)
+    with torch.no_grad():
+        m = mask.to(logprobs.dtype)
+        n = m.sum().clamp(min=1)
+        stats = PolicyLossStats(
+            clip_frac=((clipped < unclipped).to(m.dtype) * m).sum() / n,
+            ratio_mean=(ratio * m).sum() / n,
+            approx_kl=(-log_ratio * m).sum() / n,
+        )
+    return loss, stats
+
+
+def kl_to_reference(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(policy || reference): exp(ref - pi) - (ref - pi) - 1, always >= 0. [B, L]."""
+    delta = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
+    return delta.exp() - delta - 1.0

@@ -1,0 +1,65 @@
+"""Rollout metrics reduced across ranks with torchmetrics, under the stable keys documented in the README."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torchmetrics import MeanMetric, SumMetric
+
+from lit_agentrl.types import Trajectory
+
+
+class RolloutMetrics(torch.nn.Module):
+    """Per-step ``rollout/*`` values over every rank's trajectories (all ranks must call :meth:`compute`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reward = MeanMetric()
+        self.reward_sq = MeanMetric()
+        self.length = MeanMetric()
+        self.turns = MeanMetric()
+        self.tool_calls = MeanMetric()
+        self.failed = SumMetric()
+        self.drift = SumMetric()
+        self.tokens_per_s = SumMetric()
+
+    @torch.no_grad()
+    def compute(self, trajectories: Sequence[Trajectory], seconds: float) -> dict[str, float]:
+        ok = [t for t in trajectories if not t.failed]
+        weight = float(len(ok))
+        for metric, values in (
+            (self.reward, [t.reward for t in ok]),
+            (self.reward_sq, [t.reward**2 for t in ok]),
+            (self.length, [t.num_generated_tokens for t in ok]),
+            (self.turns, [t.num_turns for t in ok]),
+            (self.tool_calls, [t.num_tool_calls for t in ok]),
+        ):
+            metric.reset()
+            metric.update(sum(values) / weight if ok else 0.0, weight=weight)
+        generated = sum(t.num_generated_tokens for t in ok)
+        for metric, value in (
+            (self.failed, len(trajectories) - len(ok)),
+            (self.drift, sum(int(t.extra_fields.get("template_drift", 0)) for t in ok)),
+            (self.tokens_per_s, generated / seconds if seconds > 0 else 0.0),
+        ):
+            metric.reset()
+            metric.update(float(value))
+        mean, mean_sq = _finite(self.reward.compute()), _finite(self.reward_sq.compute())
+        return {
+            "rollout/reward_mean": mean,
+            "rollout/reward_std": math.sqrt(max(mean_sq - mean**2, 0.0)),
+            "rollout/response_length_mean": _finite(self.length.compute()),
+            "rollout/num_turns_mean": _finite(self.turns.compute()),
+            "rollout/tool_calls_mean": _finite(self.tool_calls.compute()),
+            "rollout/failed": float(self.failed.compute()),
+            "rollout/template_drift": float(self.drift.compute()),
+            "rollout/tokens_per_s": float(self.tokens_per_s.compute()),
+        }
+
+
+def _finite(value: torch.Tensor) -> float:
+    """MeanMetric gives NaN when no rank had a successful trajectory; report 0 then."""
+    v = float(value)
+    return v if math.isfinite(v) else 0.0

@@ -1,0 +1,289 @@
+"""GRPOModule: the policy, sharded with FSDP2 under ModelParallelStrategy, and the GRPO update.
+
+``training_step`` consumes the trajectories that :class:`~lit_agentrl.callbacks.RolloutCallback` attached
+to the batch: group-normalised advantages, token log-probs over micro-batches sized by a token budget,
+the clipped surrogate (optionally with KL to a frozen reference), and one optimizer step per mini-batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torchmetrics import MeanMetric
+from transformers import AutoModelForCausalLM
+
+from lit_agentrl.batching import MicroBatch, TrainingSample, collate, plan_micro_batches, prepare_samples, split_mini_batches
+from lit_agentrl.losses import LossAggregation, aggregate, clipped_policy_loss, kl_to_reference, token_logprobs
+from lit_agentrl.types import PromptBatch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class GRPOModule(L.LightningModule):
+    """Group Relative Policy Optimization of a causal LM loaded from a local path.
+
+    Args:
+        model_path: local directory of a Hugging Face causal LM (weights, config, tokenizer).
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        betas: AdamW betas.
+        warmup_steps: linear warm-up, in optimizer steps.
+        lr_schedule: ``constant`` or ``cosine`` (to 10% of ``lr`` at the last step) after warm-up.
+        clip_ratio_low: PPO clip below (ratio >= 1 - low).
+        clip_ratio_high: PPO clip above (ratio <= 1 + high); > low is DAPO's clip-higher.
+        kl_coef: weight of the k3 KL to a frozen copy of the initial policy (0 disables it, and no copy is made).
+        entropy_coef: weight of an entropy bonus (0: entropy is reported only).
+        loss_aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum``.
+        normalize_advantage_std: divide advantages by the group's std (GRPO); False is Dr. GRPO.
+        mini_batches: optimizer steps per rollout batch (the batch's samples split evenly).
+        micro_batch_tokens: token budget of one forward/backward (rows x padded length).
+        grad_clip: max gradient norm (None: no clipping; the norm is still reported).
+        rollout_temperature: the sampling temperature; log-probs are computed at the same temperature.
+        param_dtype: ``float32``, or ``bfloat16`` for mixed precision (fp32 master weights and reductions).
+        gradient_checkpointing: recompute activations in backward to save memory.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        lr: float = 1e-6,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        lr_schedule: Literal["constant", "cosine"] = "constant",
+        clip_ratio_low: float = 0.2,
+        clip_ratio_high: float = 0.2,
+        kl_coef: float = 0.0,
+        entropy_coef: float = 0.0,
+        loss_aggregation: LossAggregation = "token-mean",
+        normalize_advantage_std: bool = True,
+        mini_batches: int = 1,
+        micro_batch_tokens: int = 16384,
+        grad_clip: float | None = 1.0,
+        rollout_temperature: float = 1.0,
+        param_dtype: Literal["float32", "bfloat16"] = "float32",
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_args(lr, clip_ratio_low, clip_ratio_high, mini_batches, micro_batch_tokens, rollout_temperature, param_dtype, loss_aggregation)
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.model: torch.nn.Module | None = None
+        self.reference: torch.nn.Module | None = None
+        self.skipped_steps = 0
+        self.val_accuracy = MeanMetric()
+        self.val_reward = MeanMetric()
+
+    # ------------------------------------------------------------------ model and optimizer
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        self.model = self._load(self.hparams.model_path)
+        if self.hparams.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+            self.model.config.use_cache = False
+        if self.hparams.kl_coef > 0:
+            self.reference = self._load(self.hparams.model_path).requires_grad_(False).eval()
+        if self.device_mesh is not None:
+            for module in (self.model, self.reference):
+                if module is not None:
+                    _fully_shard(module, self.device_mesh["data_parallel"], self.hparams.param_dtype)
+
+    @staticmethod
+    def _load(path: str) -> torch.nn.Module:
+        try:
+            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"model.model_path={path!r}: no loadable causal LM there ({exc})") from exc
+
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
+        total = max(1, self._total_optimizer_steps())
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(hp.lr_schedule, hp.warmup_steps, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _total_optimizer_steps(self) -> int:
+        if self.trainer.max_steps and self.trainer.max_steps > 0:
+            return self.trainer.max_steps
+        return int(self.trainer.estimated_stepping_batches) * self.hparams.mini_batches
+
+    # ------------------------------------------------------------------ training
+
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        if batch.rollout is None:
+            raise RuntimeError("the batch has no rollout: add lit_agentrl.callbacks.RolloutCallback to trainer.callbacks")
+        start = time.perf_counter()
+        prepared = prepare_samples(batch.rollout.trajectories, self.hparams.normalize_advantage_std)
+        stats: dict[str, list[float]] = {}
+        for part in split_mini_batches(prepared.samples, self.hparams.mini_batches):
+            for key, value in self._optimizer_step(part).items():
+                stats.setdefault(key, []).append(value)
+        logged = {key: sum(v) / len(v) for key, v in stats.items()}
+        logged["train/filtered_groups"] = float(prepared.num_flat_groups)
+        logged["train/skipped_steps"] = float(self.skipped_steps)
+        logged["train/lr"] = self.lr_schedulers().get_last_lr()[0]
+        self.log_dict(logged, on_step=True, sync_dist=True, batch_size=max(1, len(prepared.samples)))
+        self.log("time/train_s", time.perf_counter() - start, on_step=True, prog_bar=True, batch_size=1)
+
+    def _optimizer_step(self, samples: list[TrainingSample]) -> dict[str, float]:
+        """Accumulate gradients over the mini-batch's micro-batches, then clip and step (or skip if non-finite)."""
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        optimizer.zero_grad(set_to_none=True)
+        n_tokens = max(float(sum(sum(s.loss_mask) for s in samples)), 1.0)
+        denominator = n_tokens if self.hparams.loss_aggregation == "token-mean" else max(float(len(samples)), 1.0)
+        plans = plan_micro_batches(samples, self.hparams.micro_batch_tokens)
+        sums: dict[str, float] = {}
+        # Every rank must run as many forward/backward passes as the busiest one (FSDP collectives).
+        for i in range(self._max_across_ranks(len(plans))):
+            if i < len(plans):
+                micro = collate([samples[j] for j in plans[i]], self._pad_id(), self.device)
+                loss, micro_stats = self._micro_loss(micro, denominator)
+            else:
+                loss, micro_stats = self._dummy_loss(), {}
+            self.manual_backward(loss)
+            for key, value in micro_stats.items():
+                sums[key] = sums.get(key, 0.0) + value
+        grad_norm = self._clip_gradients()
+        if math.isfinite(grad_norm):
+            optimizer.step()
+            scheduler.step()
+        else:
+            self.skipped_steps += 1
+        optimizer.zero_grad(set_to_none=True)
+        # Token-weighted means of the per-token stats; the loss is already normalised by `denominator`.
+        result = {key: value / n_tokens for key, value in sums.items() if key != "train/loss"}
+        result["train/loss"] = sums.get("train/loss", 0.0)
+        result["train/grad_norm"] = grad_norm
+        return result
+
+    def _micro_loss(self, micro: MicroBatch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
+        hp = self.hparams
+        logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False).logits
+        with_entropy_grad = hp.entropy_coef > 0
+        out = token_logprobs(logits, micro.targets, hp.rollout_temperature, with_entropy=with_entropy_grad)
+        entropy = out.entropy
+        if entropy is None:
+            with torch.no_grad():
+                entropy = token_logprobs(logits.detach(), micro.targets, hp.rollout_temperature, with_entropy=True).entropy
+        loss, pstats = clipped_policy_loss(
+            out.logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
+            hp.clip_ratio_low, hp.clip_ratio_high, hp.loss_aggregation, denominator,
+        )
+        n_tokens = float(micro.loss_mask.sum())
+        stats = {
+            "train/entropy": float((entropy.detach() * micro.loss_mask).sum()),
+            "train/clip_frac": float(pstats.clip_frac) * n_tokens,
+            "train/ratio_mean": float(pstats.ratio_mean) * n_tokens,
+            "train/approx_kl": float(pstats.approx_kl) * n_tokens,
+        }
+        if hp.entropy_coef > 0:
+            loss = loss - hp.entropy_coef * aggregate(entropy, micro.loss_mask, hp.loss_aggregation, denominator)
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logits = self.reference(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False).logits
+                ref = token_logprobs(ref_logits, micro.targets, hp.rollout_temperature).logprobs
+            kl = kl_to_reference(out.logprobs, ref)
+            loss = loss + hp.kl_coef * aggregate(kl, micro.loss_mask, hp.loss_aggregation, denominator)
+            stats["train/kl"] = float((kl.detach() * micro.loss_mask).sum())
+        stats["train/loss"] = float(loss.detach())
+        return loss, stats
+
+    def _dummy_loss(self) -> torch.Tensor:
+        """A zero loss through the whole model, so a rank with no work still joins FSDP's collectives."""
+        ids = torch.full((1, 1), self._pad_id(), dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=ids, use_cache=False).logits
+        if self.reference is not None:
+            with torch.no_grad():
+                self.reference(input_ids=ids, use_cache=False)
+        return logits.sum() * 0.0
+
+    def _clip_gradients(self) -> float:
+        max_norm = self.hparams.grad_clip if self.hparams.grad_clip is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def _max_across_ranks(self, value: int) -> int:
+        if self.trainer.world_size == 1 or not dist.is_initialized():
+            return value
+        tensor = torch.tensor([value], device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())
+
+    def _pad_id(self) -> int:
+        config = self.model.config
+        return int(config.pad_token_id if config.pad_token_id is not None else config.eos_token_id or 0)
+
+    # ------------------------------------------------------------------ validation
+
+    def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        if batch.rollout is None:
+            raise RuntimeError("the batch has no rollout: add lit_agentrl.callbacks.RolloutCallback to trainer.callbacks")
+        ok = [t for t in batch.rollout.trajectories if not t.failed]
+        rewards = torch.tensor([t.reward for t in batch.rollout.trajectories], dtype=torch.float32)
+        # A failed trajectory counts as a wrong answer: accuracy is over every attempt.
+        solved = torch.tensor([float(not t.failed and t.reward >= 1.0) for t in batch.rollout.trajectories])
+        if len(rewards):
+            self.val_accuracy.update(solved)
+            self.val_reward.update(rewards if ok else torch.zeros_like(rewards))
+        self.log("val/accuracy", self.val_accuracy, on_epoch=True, prog_bar=True, batch_size=len(rewards))
+        self.log("val/reward_mean", self.val_reward, on_epoch=True, batch_size=len(rewards))
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["grpo_skipped_steps"] = self.skipped_steps
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.skipped_steps = int(checkpoint.get("grpo_skipped_steps", 0))
+
+
+def _fully_shard(model: torch.nn.Module, mesh: Any, param_dtype: str) -> None:
+    """FSDP2: shard every decoder layer, then the root (embeddings, final norm, head)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=_DTYPES[param_dtype], reduce_dtype=torch.float32)
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no `.model.layers` to shard per decoder layer")
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def _schedule(kind: str, warmup: int, total: int):
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _check_args(
+    lr: float, low: float, high: float, mini_batches: int, micro_tokens: int, temperature: float, dtype: str, agg: str
+) -> None:
+    checks = [
+        (lr > 0, f"model.lr must be > 0, got {lr}"),
+        (0 <= low < 1, f"model.clip_ratio_low must be in [0, 1), got {low}"),
+        (high >= 0, f"model.clip_ratio_high must be >= 0, got {high}"),
+        (mini_batches >= 1, f"model.mini_batches must be >= 1, got {mini_batches}"),
+        (micro_tokens >= 1, f"model.micro_batch_tokens must be >= 1, got {micro_tokens}"),
+        (temperature > 0, f"model.rollout_temperature must be > 0 (training needs sampled rollouts), got {temperature}"),
+        (dtype in _DTYPES, f"model.param_dtype must be one of {sorted(_DTYPES)}, got {dtype!r}"),
+        (agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"), f"model.loss_aggregation {agg!r} is not one of token-mean, seq-mean-token-mean, seq-mean-token-sum"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
