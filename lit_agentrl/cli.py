@@ -6,16 +6,46 @@
 
 from __future__ import annotations
 
+import csv
 import os
+import statistics
+from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger
 
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.module import GRPOModule
 
+REWARD_KEY = "rollout/reward_mean"
+
 
 class AgentRLCLI(LightningCLI):
-    """LightningCLI with the trainer defaults GRPO needs (no automatic distributed sampler: data is split by rank)."""
+    """LightningCLI that, after ``fit``, prints where the metrics went and how the reward moved."""
+
+    def after_fit(self) -> None:
+        if not self.trainer.is_global_zero:
+            return
+        for logger in self.trainer.loggers:
+            if isinstance(logger, CSVLogger):
+                path = Path(logger.log_dir) / "metrics.csv"
+                print(f"metrics: {path}")
+                summary = reward_summary(path)
+                if summary:
+                    print(summary)
+
+
+def reward_summary(path: Path) -> str | None:
+    """``rollout/reward_mean`` over the first and the last fifth of the logged steps."""
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        rewards = [float(row[REWARD_KEY]) for row in csv.DictReader(f) if row.get(REWARD_KEY)]
+    if len(rewards) < 5:
+        return None
+    fifth = len(rewards) // 5
+    first, last = statistics.fmean(rewards[:fifth]), statistics.fmean(rewards[-fifth:])
+    return f"{REWARD_KEY}: first fifth {first:.3f} -> last fifth {last:.3f} ({last - first:+.3f}) over {len(rewards)} steps"
 
 
 def main(args: list[str] | None = None) -> None:
@@ -23,6 +53,7 @@ def main(args: list[str] | None = None) -> None:
     AgentRLCLI(
         GRPOModule,
         AgentPromptDataModule,
+        # The data module splits prompts across ranks itself.
         trainer_defaults={"use_distributed_sampler": False},
         save_config_kwargs={"overwrite": True},
         args=args,

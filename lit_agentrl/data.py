@@ -64,7 +64,12 @@ def row_errors(row: Mapping[str, Any], data_dir: Path, reward_fn: str | None) ->
     if cfg_path:
         try:
             load_agent_cfg(resolve_cfg_path(cfg_path, data_dir))
-        except (FileNotFoundError, ValueError) as exc:
+        except FileNotFoundError:
+            errors.append(
+                f"field 'agent_cfg_path': {cfg_path!r} not found from the working directory {str(Path.cwd())!r} "
+                f"nor from {str(data_dir)!r} or any folder above it"
+            )
+        except ValueError as exc:
             errors.append(f"field 'agent_cfg_path': {exc}")
     errors += _prompt_errors(row)
     try:
@@ -93,31 +98,42 @@ def _prompt_errors(row: Mapping[str, Any]) -> list[str]:
 
 
 def resolve_cfg_path(cfg_path: str, data_dir: Path) -> str:
-    """A relative ``agent_cfg_path`` is looked up from the working directory, then beside the data file."""
+    """A relative ``agent_cfg_path`` is looked up from the working directory, then from the data file's
+    folder and each folder above it (so rows written relative to a project root work from anywhere)."""
     path = Path(cfg_path)
     if path.is_absolute() or path.exists():
         return str(path.resolve())
-    beside = data_dir / path
-    return str(beside.resolve()) if beside.exists() else str(path)
+    for folder in (data_dir, *data_dir.parents):
+        if (folder / path).exists():
+            return str((folder / path).resolve())
+    return str(path)
 
 
 def load_and_validate(paths: Sequence[str], reward_fn: str | None) -> list[dict[str, Any]]:
     """Load every file and validate every row; one ``ValueError`` lists the first problems found."""
     rows: list[dict[str, Any]] = []
-    problems: list[str] = []
+    problems: dict[tuple[str, str], list[int]] = {}  # (file, error) -> rows, so one mistake repeated is one line
     for path in paths:
         data_dir = Path(path).resolve().parent
         for i, row in enumerate(load_rows(path)):
-            errors = row_errors(row, data_dir, reward_fn)
-            problems += [f"{path}, row {i}: {e}" for e in errors]
+            for error in row_errors(row, data_dir, reward_fn):
+                problems.setdefault((str(path), error), []).append(i)
             if row.get("agent_cfg_path"):
                 row["agent_cfg_path"] = resolve_cfg_path(row["agent_cfg_path"], data_dir)
             rows.append(row)
     if problems:
-        shown = "\n  ".join(problems[:_MAX_ERRORS_SHOWN])
-        more = f"\n  ... and {len(problems) - _MAX_ERRORS_SHOWN} more" if len(problems) > _MAX_ERRORS_SHOWN else ""
-        raise ValueError(f"{len(problems)} invalid row(s) (rows are numbered from 0):\n  {shown}{more}")
+        lines = [f"{file}, {_rows_text(indices)}: {error}" for (file, error), indices in problems.items()]
+        shown = "\n  ".join(lines[:_MAX_ERRORS_SHOWN])
+        more = f"\n  ... and {len(lines) - _MAX_ERRORS_SHOWN} more" if len(lines) > _MAX_ERRORS_SHOWN else ""
+        raise ValueError(f"invalid data (rows are numbered from 0):\n  {shown}{more}")
     return rows
+
+
+def _rows_text(indices: list[int]) -> str:
+    if len(indices) == 1:
+        return f"row {indices[0]}"
+    listed = ", ".join(map(str, indices[:5])) + (", ..." if len(indices) > 5 else "")
+    return f"{len(indices)} rows ({listed})"
 
 
 class PromptBatchLoader:

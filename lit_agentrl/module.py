@@ -84,7 +84,7 @@ class GRPOModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
-        self.model = self._load(self.hparams.model_path)
+        self.model = self._load(self.hparams.model_path).train()
         if self.hparams.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False

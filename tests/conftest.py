@@ -48,3 +48,10 @@ def scripted_engine_factory(policy_model, tokenizer):
     from support import ScriptedEngine
 
     return lambda replies: ScriptedEngine(policy_model, tokenizer, replies)
+
+
+@pytest.fixture(scope="session")
+def quickstart_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from lit_agentrl.models.tiny import TinyModelConfig
+
+    return save_tiny_model(tmp_path_factory.mktemp("quickstart-model"), TinyModelConfig(tokenizer="words"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from typing import Any
 
@@ -71,6 +73,7 @@ class RolloutCallback(Callback):
         self.metrics = RolloutMetrics()
         self.totals = {"rollouts": 0, "trajectories": 0, "failed": 0, "syncs": 0}
         self._needs_sync = False
+        self._base_seed = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -87,7 +90,8 @@ class RolloutCallback(Callback):
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         if not tokenizer.chat_template:
             raise ValueError(f"the tokenizer at {model_path!r} has no chat template; agents need one to build prompts")
-        self.engine = build_engine(self.engine_name, model_path, **self.engine_kwargs)
+        self._base_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        self.engine = build_engine(self.engine_name, model_path, seed=self._base_seed, **self.engine_kwargs)
         self.manager = RolloutManager(
             [self.engine],
             tokenizer,
@@ -109,6 +113,7 @@ class RolloutCallback(Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         self._sync_if_needed(pl_module)
+        self._reseed(trainer, "train")
         start = time.perf_counter()
         batch.rollout = self.manager.generate(batch.rows, self.n_samples, self.sampling_params)
         seconds = time.perf_counter() - start
@@ -129,7 +134,14 @@ class RolloutCallback(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self._sync_if_needed(pl_module)
+        self._reseed(trainer, f"val-{batch_idx}")
         batch.rollout = self.manager.generate(batch.rows, self.val_n_samples, self.val_sampling_params)
+
+    def _reseed(self, trainer: L.Trainer, phase: str) -> None:
+        """Sampling streams keyed by (seed, rank, step, phase): a resumed run samples what an unbroken one would."""
+        if hasattr(self.engine, "reseed"):
+            key = f"{self._base_seed}/{trainer.global_rank}/{trainer.global_step}/{phase}"
+            self.engine.reseed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
 
     # ------------------------------------------------------------------ weight sync
 
@@ -151,8 +163,8 @@ class RolloutCallback(Callback):
     # ------------------------------------------------------------------ checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        return dict(self.totals)
+        return {"totals": dict(self.totals)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.totals.update(state_dict)
+        self.totals.update(state_dict.get("totals", {}))
         self._needs_sync = True  # the engine still holds the initial weights; the restored policy differs

@@ -10,12 +10,12 @@ from lit_agentrl.engines.sampling import SamplingParams
 ENGINES = ("transformers", "sglang")
 
 
-def build_engine(name: str, model_path: str, **kwargs: Any) -> RolloutEngine:
+def build_engine(name: str, model_path: str, seed: int = 0, **kwargs: Any) -> RolloutEngine:
     """Construct the engine ``name`` over the model at ``model_path``; ``kwargs`` go to its constructor."""
     if name == "transformers":
         from lit_agentrl.engines.hf import TransformersEngine
 
-        return TransformersEngine(model_path, **kwargs)
+        return TransformersEngine(model_path, seed=seed, **kwargs)
     if name == "sglang":
         raise NotImplementedError(
             "rollout.engine='sglang' is not available yet in this release; use engine='transformers'"

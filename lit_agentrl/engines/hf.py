@@ -14,6 +14,7 @@ import concurrent.futures
 import inspect
 import logging
 import queue
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class _Request:
     params: SamplingParams
     return_logprob: bool
     future: concurrent.futures.Future
+    rng: random.Random
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -53,7 +55,8 @@ class TransformersEngine:
         device: torch device for the engine's own copy of the weights.
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         max_running_requests: most sequences decoded together; more wait in the queue.
-        seed: seed of the engine's sampling generator.
+        seed: with the request's submission order, it seeds the request's own sampling stream (SGLang's
+            per-request ``sampling_seed`` overrides it), so samples do not depend on batch composition.
         admission_window_s: an idle engine keeps gathering requests while the next one arrives within this.
         max_admission_wait_s: an idle engine starts at most this long after its first request arrived.
 
@@ -92,7 +95,8 @@ class TransformersEngine:
         self.max_running_requests = max_running_requests
         self.admission_window_s = admission_window_s
         self.max_admission_wait_s = max_admission_wait_s
-        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.seed = seed
+        self._requests_submitted = 0  # with ``seed``, determines every request's sampling stream
         self._waiting: queue.Queue[_Request | None] = queue.Queue()
         self._step_lock = threading.Lock()  # held for each model step and for each weight update
         self._stopped = False
@@ -155,6 +159,10 @@ class TransformersEngine:
         with self._step_lock:
             return self.model.get_parameter(name).detach().clone()
 
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling streams: the n-th request submitted from now on samples from (seed, n)."""
+        self.seed, self._requests_submitted = seed, 0
+
     def flush_cache(self) -> bool:
         """No prefix cache is kept between requests, so there is nothing to flush."""
         return True
@@ -211,7 +219,9 @@ class TransformersEngine:
 
     def _enqueue(self, prompt: list[int], params: SamplingParams, return_logprob: bool) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        request = _Request(prompt, params, return_logprob, future)
+        stream = params.sampling_seed if params.sampling_seed is not None else (self.seed, self._requests_submitted)
+        self._requests_submitted += 1
+        request = _Request(prompt, params, return_logprob, future, random.Random(str(stream)))
         if params.max_new_tokens == 0:
             future.set_result(self._result(request, {"type": "length", "length": 0}))
         else:
@@ -302,7 +312,8 @@ class TransformersEngine:
 
     def _sample_and_finish(self, batch: "_RunningBatch", logits: torch.Tensor, rows: range) -> None:
         requests = [batch.requests[i] for i in rows]
-        tokens, logprobs = sample_tokens(logits.float(), [r.params for r in requests], self._generator)
+        uniforms = torch.tensor([r.rng.random() for r in requests], device=logits.device)
+        tokens, logprobs = sample_tokens(logits.float(), [r.params for r in requests], uniforms)
         finished_rows = []
         for row, request, token, logprob in zip(rows, requests, tokens.tolist(), logprobs.tolist()):
             request.output_ids.append(token)
@@ -382,12 +393,14 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 
 def sample_tokens(
-    logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator
+    logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row with per-row temperature/top-k/top-p/min-p; returns (tokens, logprobs).
 
-    logits: [B, V] float32. The logprob is that of the sampled token under softmax(logits / T) (raw logits
-    for greedy rows), i.e. before truncation, matching what the trainer recomputes.
+    logits: [B, V] float32; uniforms: [B] in [0, 1), one draw from each row's own stream (inverse-CDF
+    sampling), so a row's tokens do not depend on which other rows share its batch. The logprob is that
+    of the sampled token under softmax(logits / T) (raw logits for greedy rows), i.e. before truncation,
+    matching what the trainer recomputes.
     """
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)
@@ -396,7 +409,8 @@ def sample_tokens(
     logprobs_all = torch.log_softmax(scaled, dim=-1)
     filtered = _truncate(scaled, params)
     probs = torch.softmax(filtered, dim=-1)
-    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    cdf = probs.cumsum(dim=-1)
+    sampled = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(-1)).squeeze(-1).clamp(max=probs.shape[-1] - 1)
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
     return tokens, logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 

@@ -22,6 +22,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     n: int = 1
+    sampling_seed: int | None = None
 
     @classmethod
     def from_dict(cls, params: Mapping[str, Any] | None, *, where: str = "sampling_params") -> "SamplingParams":

@@ -1,0 +1,45 @@
+"""Test-only callbacks that record what a fit did, for runs in this process or in launched subprocesses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from lit_agentrl.engines.weight_sync import full_named_parameters
+
+
+class PromptRecorder(Callback):
+    """Append one JSON line per training step and rank: the step and the prompts the rank trained on."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        record = {"rank": trainer.global_rank, "step": trainer.global_step, "prompts": [r["prompt"][-1]["content"] for r in batch.rows]}
+        record["epoch"], record["index"] = batch.epoch, batch.index
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class SyncChecker(Callback):
+    """After each step's weight sync, compare every engine weight with the gathered policy weight."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        rollout = next(c for c in trainer.callbacks if type(c).__name__ == "RolloutCallback")
+        mismatched = [
+            name
+            for name, full in full_named_parameters(pl_module.model)
+            if not torch.equal(rollout.engine.get_weights_by_name(name), full.to(torch.float32))
+        ]
+        sharded = any(hasattr(p, "full_tensor") for p in pl_module.model.parameters())
+        record = {"rank": trainer.global_rank, "step": trainer.global_step, "mismatched": mismatched, "sharded": sharded}
+        with open(Path(self.path), "a") as f:
+            f.write(json.dumps(record) + "\n")

@@ -1,0 +1,155 @@
+"""Whole fits through the CLI on the tiny model: metrics, wandb offline, resume equality, FSDP2 on 2 processes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from support import REPO_ROOT
+from transformers import AutoModelForCausalLM
+
+from lit_agentrl.cli import main
+
+DOCUMENTED_STEP_KEYS = {
+    "rollout/reward_mean", "rollout/reward_std", "rollout/response_length_mean", "rollout/num_turns_mean",
+    "rollout/failed", "train/loss", "train/entropy", "train/clip_frac", "train/grad_norm",
+    "time/rollout_s", "time/train_s", "time/sync_s",
+}
+
+
+def quick_config(tmp_path: Path, model_dir: Path, steps: int, callbacks: list[dict] | None = None, **trainer) -> Path:
+    """The quickstart's shape, made small: 4 prompts x 4 samples per step."""
+    config = {
+        "seed_everything": 7,
+        "trainer": {
+            "accelerator": "cpu", "devices": 1, "max_steps": steps, "log_every_n_steps": 1,
+            "num_sanity_val_steps": 0, "enable_progress_bar": False, "enable_model_summary": False,
+            "enable_checkpointing": False, "default_root_dir": str(tmp_path),
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "logs")}},
+            "callbacks": [
+                {"class_path": "lit_agentrl.callbacks.RolloutCallback",
+                 "init_args": {"n_samples": 4, "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
+                               "val_sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}},
+                *(callbacks or []),
+            ],
+            **trainer,
+        },
+        "model": {"model_path": str(model_dir), "lr": 5.0e-4},
+        "data": {
+            "train_files": str(REPO_ROOT / "data/quickstart/train.jsonl"),
+            "val_files": str(REPO_ROOT / "data/quickstart/val.jsonl"),
+            "prompts_per_step": 4, "val_prompts_per_step": 10,
+        },
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_fit_logs_documented_metrics_and_validates(tmp_path, quickstart_model_dir):
+    config = quick_config(tmp_path, quickstart_model_dir, steps=4, val_check_interval=2, check_val_every_n_epoch=None)
+    main(["fit", "--config", str(config)])
+    rows = read_csv(next((tmp_path / "logs").rglob("metrics.csv")))
+    step_rows = [r for r in rows if r.get("rollout/reward_mean")]
+    assert len(step_rows) == 4
+    for row in step_rows:
+        assert all(row.get(key) not in (None, "") for key in DOCUMENTED_STEP_KEYS), row
+    assert float(step_rows[0]["rollout/failed"]) == 0.0
+    val = [float(r["val/accuracy"]) for r in rows if r.get("val/accuracy")]
+    assert len(val) == 2 and all(0.0 <= v <= 1.0 for v in val)
+
+
+def test_wandb_offline_keeps_every_file_in_the_run_folder(tmp_path, quickstart_model_dir, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-files"))
+    logger = {"class_path": "lightning.pytorch.loggers.WandbLogger",
+              "init_args": {"save_dir": str(tmp_path / "wandb-files"), "offline": True, "project": "lit-agentrl-test"}}
+    config = quick_config(tmp_path, quickstart_model_dir, steps=2, logger=logger)
+    main(["fit", "--config", str(config)])
+    history = list((tmp_path / "wandb-files").rglob("*.wandb"))
+    assert history, "wandb wrote no offline run"
+    assert not any(home.iterdir()), f"wandb wrote under HOME: {list(home.rglob('*'))}"
+
+
+def final_weights(export_dir: Path) -> dict[str, torch.Tensor]:
+    return AutoModelForCausalLM.from_pretrained(export_dir).state_dict()
+
+
+def recorded(path: Path) -> list[tuple]:
+    with open(path) as f:
+        return [(r["rank"], r["step"], tuple(r["prompts"])) for r in map(json.loads, f)]
+
+
+def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quickstart_model_dir):
+    def run(name: str, steps: int, extra: list[dict], args: list[str] = ()) -> Path:
+        folder = tmp_path / name
+        folder.mkdir(exist_ok=True)
+        callbacks = [
+            {"class_path": "probes.PromptRecorder", "init_args": {"path": str(folder / "prompts.jsonl")}},
+            {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": str(folder / "hf")}},
+            *extra,
+        ]
+        main(["fit", "--config", str(quick_config(folder, quickstart_model_dir, steps, callbacks)), *args])
+        return folder
+
+    straight = run("straight", 4, [])
+    checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                  "init_args": {"dirpath": str(tmp_path / "ckpt"), "every_n_train_steps": 2, "save_top_k": -1}}
+    first = run("first", 2, [checkpoint], ["--trainer.enable_checkpointing", "true"])
+    ckpt = next((tmp_path / "ckpt").glob("*.ckpt"))
+    resumed = run("first", 4, [], ["--ckpt_path", str(ckpt)])
+
+    assert recorded(first / "prompts.jsonl") == recorded(straight / "prompts.jsonl")
+    a, b = final_weights(straight / "hf" / "final"), final_weights(resumed / "hf" / "final")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    initial = AutoModelForCausalLM.from_pretrained(quickstart_model_dir).state_dict()
+    assert not all(torch.equal(a[k], initial[k]) for k in a), "training did not change the weights"
+
+
+@pytest.mark.timeout(600)
+def test_two_process_fsdp2_fit_syncs_exact_weights_checkpoints_and_exports(tmp_path, quickstart_model_dir):
+    callbacks = [
+        {"class_path": "probes.SyncChecker", "init_args": {"path": str(tmp_path / "sync.jsonl")}},
+        {"class_path": "probes.PromptRecorder", "init_args": {"path": str(tmp_path / "prompts.jsonl")}},
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+         "init_args": {"dirpath": str(tmp_path / "ckpt"), "every_n_train_steps": 2, "save_top_k": -1}},
+        {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": str(tmp_path / "hf")}},
+    ]
+    strategy = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+                "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1}}
+    config = quick_config(tmp_path, quickstart_model_dir, steps=3, callbacks=callbacks, devices=2,
+                          strategy=strategy, enable_checkpointing=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO_ROOT)])}
+    result = subprocess.run(
+        [sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(config)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    syncs = [json.loads(line) for line in open(tmp_path / "sync.jsonl")]
+    assert sorted((s["rank"], s["step"]) for s in syncs) == [(r, s) for r in (0, 1) for s in (1, 2, 3)]
+    assert all(s["sharded"] and s["mismatched"] == [] for s in syncs), syncs
+    prompts = recorded(tmp_path / "prompts.jsonl")
+    for step in (0, 1, 2):
+        per_rank = [p for r, s, p in prompts if s == step]
+        assert len(per_rank) == 2 and all(len(p) == 2 for p in per_rank)
+    assert (tmp_path / "ckpt").exists() and any((tmp_path / "ckpt").iterdir())
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / "final")
+    assert exported.config.vocab_size == AutoModelForCausalLM.from_pretrained(quickstart_model_dir).config.vocab_size
