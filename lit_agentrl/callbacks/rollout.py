@@ -87,7 +87,7 @@ class RolloutCallback(Callback):
                 f"RolloutCallback.sampling_params.temperature={self.sampling.temperature} but "
                 f"model.rollout_temperature={temperature}: log-probs must be computed at the sampling temperature"
             )
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = load_tokenizer(model_path)
         if not tokenizer.chat_template:
             raise ValueError(f"the tokenizer at {model_path!r} has no chat template; agents need one to build prompts")
         self._base_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
@@ -168,3 +168,11 @@ class RolloutCallback(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.totals.update(state_dict.get("totals", {}))
         self._needs_sync = True  # the engine still holds the initial weights; the restored policy differs
+
+
+def load_tokenizer(model_path: str) -> Any:
+    """The policy's tokenizer from ``model_path``, with an error naming the path when there is none."""
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model.model_path={model_path!r}: no loadable tokenizer there ({exc})") from exc

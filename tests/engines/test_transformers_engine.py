@@ -177,3 +177,24 @@ def test_shutdown_refuses_new_requests(tiny_model_dir):
     engine.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         engine.generate(input_ids=[1], sampling_params={})
+
+
+def test_samples_do_not_depend_on_batch_company_and_reseed_replays(engine):
+    params = {"max_new_tokens": 8, "ignore_eos": True, "temperature": 1.0}
+    engine.reseed(11)
+    alone = engine.generate(input_ids=PROMPTS[0], sampling_params=params)["output_ids"]
+
+    async def crowd():
+        return await asyncio.gather(
+            *(engine.async_generate(input_ids=p, sampling_params=params) for p in [PROMPTS[0], *PROMPTS[1:]] * 3)
+        )
+
+    engine.reseed(11)
+    crowded = run(crowd())
+    assert crowded[0]["output_ids"] == alone
+    engine.reseed(11)
+    assert run(crowd())[5]["output_ids"] == crowded[5]["output_ids"]
+    per_request = {"sampling_seed": 5, **params}
+    a = engine.generate(input_ids=PROMPTS[2], sampling_params=per_request)["output_ids"]
+    b = engine.generate(input_ids=PROMPTS[2], sampling_params=per_request)["output_ids"]
+    assert a == b

@@ -1,0 +1,96 @@
+"""Bad configurations fail before the first step, naming the option at fault."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+from test_fit import quick_config
+
+from lit_agentrl.callbacks import RolloutCallback
+from lit_agentrl.cli import main
+from lit_agentrl.module import GRPOModule
+
+
+def run_with(tmp_path, model_dir, edit) -> None:
+    path = quick_config(tmp_path, model_dir, steps=1)
+    config = yaml.safe_load(path.read_text())
+    edit(config)
+    path.write_text(yaml.safe_dump(config))
+    main(["fit", "--config", str(path)])
+
+
+def callback_args(config: dict) -> dict:
+    return config["trainer"]["callbacks"][0]["init_args"]
+
+
+def test_temperature_mismatch(tmp_path, quickstart_model_dir):
+    def edit(c):
+        callback_args(c)["sampling_params"]["temperature"] = 0.7
+
+    with pytest.raises(ValueError, match="model.rollout_temperature=1.0"):
+        run_with(tmp_path, quickstart_model_dir, edit)
+
+
+def test_unknown_engine(tmp_path, quickstart_model_dir):
+    def edit(c):
+        callback_args(c)["engine"] = "vllm"
+
+    with pytest.raises(ValueError, match="unknown rollout engine 'vllm'"):
+        run_with(tmp_path, quickstart_model_dir, edit)
+
+
+def test_model_path_without_weights(tmp_path, quickstart_model_dir):
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+
+    def edit(c):
+        c["model"]["model_path"] = str(empty)
+
+    with pytest.raises((ValueError, OSError), match="empty-model"):
+        run_with(tmp_path, quickstart_model_dir, edit)
+
+
+def test_tokenizer_without_chat_template(tmp_path, quickstart_model_dir):
+    plain = shutil.copytree(quickstart_model_dir, tmp_path / "no-template")
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    config = plain / "tokenizer_config.json"
+    data = json.loads(config.read_text())
+    data.pop("chat_template", None)
+    config.write_text(json.dumps(data))
+
+    def edit(c):
+        c["model"]["model_path"] = str(plain)
+
+    with pytest.raises(ValueError, match="has no chat template"):
+        run_with(tmp_path, quickstart_model_dir, edit)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"sampling_params": {"top_p": 2}}, "RolloutCallback.sampling_params: top_p"),
+        ({"val_sampling_params": {"stop": ["x"]}}, "RolloutCallback.val_sampling_params: unknown key"),
+        ({"n_samples": 0}, "n_samples"),
+    ],
+)
+def test_bad_callback_arguments(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        RolloutCallback(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"lr": 0}, "model.lr"),
+        ({"clip_ratio_low": 1.5}, "model.clip_ratio_low"),
+        ({"loss_aggregation": "sum"}, "model.loss_aggregation"),
+        ({"rollout_temperature": 0}, "model.rollout_temperature"),
+        ({"param_dtype": "float8"}, "model.param_dtype"),
+    ],
+)
+def test_bad_module_arguments(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        GRPOModule(model_path="unused", **kwargs)

@@ -1,0 +1,169 @@
+"""AgentPromptDataModule: every row validated before training, clear errors, rank split, resumable position."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support import MATH_EVAL_CFG, MATH_SAMPLE_TRAIN
+
+from lit_agentrl.data import AgentPromptDataModule, PromptBatchLoader, load_and_validate
+
+GOOD = {
+    "agent_name": "matheval_agent",
+    "agent_cfg_path": str(MATH_EVAL_CFG),
+    "prompt": [{"role": "user", "content": "1+1?"}],
+    "reward_model": {"ground_truth": "2"},
+    "data_source": "math",
+}
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_bundled_samples_validate():
+    rows = load_and_validate([str(MATH_SAMPLE_TRAIN)], reward_fn="math")
+    assert len(rows) == 24 and all(Path(r["agent_cfg_path"]).is_absolute() for r in rows)
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"agent_name": None}, "field 'agent_name' is missing"),
+        ({"agent_name": "nobody"}, "unknown agent_name 'nobody'; registered agents:"),
+        ({"agent_cfg_path": "configs/agents/nope.yaml"}, "'configs/agents/nope.yaml' not found"),
+        ({"prompt": []}, "field 'prompt' must be a non-empty list"),
+        ({"prompt": [{"content": "hi"}]}, "field 'prompt'[0] must be a message with 'role' and 'content'"),
+        ({"prompt": [{"role": "narrator", "content": "hi"}]}, "role 'narrator' is not one of"),
+        ({"reward_model": {"ground_truth": None}}, "ground_truth') is missing; the reward function needs it"),
+    ],
+)
+def test_bad_rows_are_named_by_file_row_and_field(tmp_path, change, fragment):
+    bad = {**GOOD, **change}
+    path = write_jsonl(tmp_path / "train.jsonl", [GOOD, bad])
+    with pytest.raises(ValueError) as info:
+        load_and_validate([str(path)], reward_fn="math")
+    message = str(info.value)
+    assert f"{path}, row 1: " in message and fragment in message, message
+    assert "row 0" not in message
+
+
+def test_row_without_prompt_field(tmp_path):
+    row = {k: v for k, v in GOOD.items() if k != "prompt"}
+    path = write_jsonl(tmp_path / "train.jsonl", [row])
+    with pytest.raises(ValueError, match="no prompt: expected a field named one of"):
+        load_and_validate([str(path)], reward_fn="math")
+
+
+def test_invalid_agent_yaml_is_named(tmp_path):
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("max_turns: [1, 2\n")
+    path = write_jsonl(tmp_path / "train.jsonl", [{**GOOD, "agent_cfg_path": str(cfg)}])
+    with pytest.raises(ValueError, match="agent.yaml' is not valid YAML"):
+        load_and_validate([str(path)], reward_fn="math")
+
+
+def test_repeated_mistake_is_reported_once_with_its_rows(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", [{**GOOD, "agent_name": "nobody"}] * 7)
+    with pytest.raises(ValueError) as info:
+        load_and_validate([str(path)], reward_fn="math")
+    assert "7 rows (0, 1, 2, 3, 4, ...)" in str(info.value)
+    assert str(info.value).count("unknown agent_name") == 1
+
+
+@pytest.mark.parametrize(
+    "name, content, fragment",
+    [
+        ("missing.jsonl", None, "does not exist"),
+        ("empty.jsonl", "", "is empty"),
+        ("broken.jsonl", '{"agent_name": "x"\n', "could not be read as json"),
+        ("table.csv", "a,b\n", "unsupported extension '.csv'"),
+    ],
+)
+def test_unreadable_files_are_named(tmp_path, name, content, fragment):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises((ValueError, FileNotFoundError), match=fragment) as info:
+        load_and_validate([str(path)], reward_fn="math")
+    assert name in str(info.value)
+
+
+def test_parquet_rows_load(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "train.parquet"
+    pd.DataFrame([GOOD, GOOD]).to_parquet(path)
+    rows = load_and_validate([str(path)], reward_fn="math")
+    assert rows[0]["prompt"][0]["content"] == "1+1?" and rows[0]["reward_model"]["ground_truth"] == "2"
+
+
+def test_relative_cfg_path_is_found_above_the_data_file(tmp_path, monkeypatch):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "a.yaml").write_text("max_turns: 1\n")
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    path = write_jsonl(tmp_path / "data" / "sub" / "train.jsonl", [{**GOOD, "agent_cfg_path": "configs/a.yaml"}])
+    monkeypatch.chdir("/")
+    rows = load_and_validate([str(path)], reward_fn="math")
+    assert rows[0]["agent_cfg_path"] == str(tmp_path / "configs" / "a.yaml")
+
+
+def loaders(rows: list[dict], world: int, per_step: int, seed: int = 3) -> list[PromptBatchLoader]:
+    return [PromptBatchLoader(rows, per_step, seed, True, rank, world, "train") for rank in range(world)]
+
+
+def test_ranks_get_disjoint_shares_of_each_step_and_cover_the_epoch():
+    rows = [{"id": i} for i in range(20)]
+    per_rank = [list(loader) for loader in loaders(rows, world=2, per_step=4)]
+    assert [len(p) for p in per_rank] == [5, 5]
+    seen = []
+    for b0, b1 in zip(*per_rank):
+        ids0, ids1 = {r["id"] for r in b0.rows}, {r["id"] for r in b1.rows}
+        assert len(ids0) == len(ids1) == 2 and not ids0 & ids1 and b0.index == b1.index
+        seen += [*ids0, *ids1]
+    assert sorted(seen) == list(range(20))
+
+
+def test_epochs_reshuffle_with_the_seed():
+    rows = [{"id": i} for i in range(12)]
+    (loader,) = loaders(rows, world=1, per_step=4)
+    first = [r["id"] for b in loader for r in b.rows]
+    loader.consumed = len(loader)
+    second = [r["id"] for b in loader for r in b.rows]
+    assert sorted(first) == sorted(second) == list(range(12)) and first != second
+    (again,) = loaders(rows, world=1, per_step=4)
+    assert [r["id"] for b in again for r in b.rows] == first
+
+
+def test_position_resumes_from_state_without_repeat_or_skip():
+    rows = [{"id": i} for i in range(16)]
+    (loader,) = loaders(rows, world=1, per_step=4)
+    batches = iter(loader)
+    for _ in range(2):
+        loader.mark_consumed(next(batches))
+    next(batches)  # prefetched, never consumed: must come again after resume
+    state = loader.state_dict()
+    (fresh,) = loaders(rows, world=1, per_step=4)
+    fresh.load_state_dict(state)
+    resumed = [b.index for b in fresh]
+    assert resumed == [2, 3]
+
+
+def test_resume_with_other_data_is_refused():
+    (loader,) = loaders([{"id": i} for i in range(8)], world=1, per_step=4)
+    (other,) = loaders([{"id": i} for i in range(12)], world=1, per_step=4)
+    with pytest.raises(ValueError, match="cannot resume the data position"):
+        other.load_state_dict(loader.state_dict())
+
+
+def test_impossible_batch_configurations_fail_at_setup(tmp_path):
+    with pytest.raises(ValueError, match="prompts_per_step must be >= 1"):
+        AgentPromptDataModule(train_files=str(MATH_SAMPLE_TRAIN), prompts_per_step=0)
+    with pytest.raises(KeyError, match="unknown reward 'nope'"):
+        AgentPromptDataModule(train_files=str(MATH_SAMPLE_TRAIN), reward_fn="nope")
+    module = AgentPromptDataModule(train_files=str(MATH_SAMPLE_TRAIN), prompts_per_step=64, reward_fn="math")
+    with pytest.raises(ValueError, match="24 rows, fewer than data.prompts_per_step=64"):
+        module.setup("fit")
