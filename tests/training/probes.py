@@ -43,3 +43,35 @@ class SyncChecker(Callback):
         record = {"rank": trainer.global_rank, "step": trainer.global_step, "mismatched": mismatched, "sharded": sharded}
         with open(Path(self.path), "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+class PoisonReward(Callback):
+    """Turn one trajectory's reward into NaN in the listed batches: the loss, and so the gradient, go non-finite."""
+
+    def __init__(self, batches: list[int]) -> None:
+        self.batches = set(batches)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if batch_idx in self.batches:
+            batch.rollout.trajectories[0].reward = float("nan")
+
+
+class WeightWatcher(Callback):
+    """Record, after every step, whether the weights changed and are finite."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._before: dict[str, torch.Tensor] = {}
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._before = {k: v.detach().clone() for k, v in pl_module.model.state_dict().items()}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        after = pl_module.model.state_dict()
+        record = {
+            "batch": batch_idx,
+            "changed": any(not torch.equal(self._before[k], v) for k, v in after.items()),
+            "finite": all(bool(torch.isfinite(v).all()) for v in after.values()),
+        }
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")

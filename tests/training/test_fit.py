@@ -153,3 +153,10 @@ def test_two_process_fsdp2_fit_syncs_exact_weights_checkpoints_and_exports(tmp_p
     assert (tmp_path / "ckpt").exists() and any((tmp_path / "ckpt").iterdir())
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / "final")
     assert exported.config.vocab_size == AutoModelForCausalLM.from_pretrained(quickstart_model_dir).config.vocab_size
+
+
+def test_validate_subcommand_reports_accuracy(tmp_path, quickstart_model_dir, capsys):
+    config = quick_config(tmp_path, quickstart_model_dir, steps=1)
+    main(["validate", "--config", str(config)])
+    rows = read_csv(next((tmp_path / "logs").rglob("metrics.csv")))
+    assert any(r.get("val/accuracy") for r in rows)
