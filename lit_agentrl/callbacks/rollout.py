@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import AutoTokenizer
 
-from lit_agentrl.engines import RolloutEngine, SamplingParams, build_engine
+from lit_agentrl.engines import RolloutEngine, SamplingParams, build_engines
 from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.metrics import RolloutMetrics
 from lit_agentrl.rollout.manager import RolloutManager
@@ -20,11 +20,13 @@ from lit_agentrl.types import PromptBatch
 
 
 class RolloutCallback(Callback):
-    """Drive agent rollouts through a rank-local engine and keep the engine's weights equal to the policy's.
+    """Drive agent rollouts through rollout engines and keep their weights equal to the policy's.
 
     Args:
-        engine: ``transformers`` or ``sglang``.
-        engine_kwargs: passed to the engine's constructor (e.g. ``max_running_requests``, ``dtype``).
+        engine: ``transformers`` or ``sglang`` (one engine per rank), or ``sglang_http`` (already running
+            SGLang servers shared by all ranks; rank 0 pushes the weights).
+        engine_kwargs: passed to the engine's constructor (e.g. ``max_running_requests``, ``dtype``,
+            ``mem_fraction_static``; ``urls`` for ``sglang_http``).
         n_samples: trajectories per training prompt (the GRPO group size).
         sampling_params: SGLang-style sampling parameters of training rollouts.
         val_n_samples: trajectories per validation prompt.
@@ -33,6 +35,8 @@ class RolloutCallback(Callback):
         trajectory_timeout_s: a trajectory running longer is marked failed and left out of the loss.
         check_template_drift: count ``rollout/template_drift`` (one template render per trajectory).
         sync_bucket_mb: size of the weight-sync buckets.
+        colocate: the engine shares the trainer's GPU: release its memory (weights and KV cache) after
+            each rollout and resume it around the weight sync (needs SGLang's ``enable_memory_saver``).
 
     The reward function is the data module's ``reward_fn``. Example (YAML, under ``trainer.callbacks``)::
 
@@ -52,6 +56,7 @@ class RolloutCallback(Callback):
         trajectory_timeout_s: float | None = None,
         check_template_drift: bool = True,
         sync_bucket_mb: int = 512,
+        colocate: bool = False,
     ) -> None:
         if n_samples < 1 or val_n_samples < 1:
             raise ValueError(f"n_samples and val_n_samples must be >= 1, got {n_samples} and {val_n_samples}")
@@ -68,17 +73,19 @@ class RolloutCallback(Callback):
         self.trajectory_timeout_s = trajectory_timeout_s
         self.check_template_drift = check_template_drift
         self.sync_bucket_bytes = sync_bucket_mb << 20
-        self.engine: RolloutEngine | None = None
+        self.colocate = colocate
+        self.engines: list[RolloutEngine] = []
         self.manager: RolloutManager | None = None
         self.metrics = RolloutMetrics()
         self.totals = {"rollouts": 0, "trajectories": 0, "failed": 0, "syncs": 0}
         self._needs_sync = False
+        self._released = False
         self._base_seed = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self.engine is not None:
+        if self.engines:
             return
         model_path = pl_module.hparams.model_path
         temperature = getattr(pl_module.hparams, "rollout_temperature", None)
@@ -91,9 +98,9 @@ class RolloutCallback(Callback):
         if not tokenizer.chat_template:
             raise ValueError(f"the tokenizer at {model_path!r} has no chat template; agents need one to build prompts")
         self._base_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-        self.engine = build_engine(self.engine_name, model_path, seed=self._base_seed, **self.engine_kwargs)
+        self.engines = build_engines(self.engine_name, model_path, seed=self._base_seed, **self.engine_kwargs)
         self.manager = RolloutManager(
-            [self.engine],
+            self.engines,
             tokenizer,
             max_inflight_per_engine=self.max_inflight_per_engine,
             trajectory_timeout_s=self.trajectory_timeout_s,
@@ -105,18 +112,22 @@ class RolloutCallback(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.manager is not None:
             self.manager.close()
-        if self.engine is not None:
-            self.engine.shutdown()
-        self.engine, self.manager = None, None
+        for engine in self.engines:
+            engine.shutdown()
+        self.engines, self.manager = [], None
 
     # ------------------------------------------------------------------ training
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        self._sync_if_needed(pl_module)
+        self._prepare_engines(trainer, pl_module)
         self._reseed(trainer, "train")
         start = time.perf_counter()
         batch.rollout = self.manager.generate(batch.rows, self.n_samples, self.sampling_params)
         seconds = time.perf_counter() - start
+        if self.colocate:  # the training step gets the memory; SGLang needs an idle engine for this
+            for engine in self.engines:
+                engine.release_memory_occupation(tags=["kv_cache", "weights"])
+            self._released = True
         metrics = self.metrics.compute(batch.rollout.trajectories, seconds)
         self._count(batch)
         pl_module.log_dict(metrics, on_step=True, batch_size=1)
@@ -125,7 +136,8 @@ class RolloutCallback(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         start = time.perf_counter()
-        self._sync(pl_module)
+        self._needs_sync = True
+        self._prepare_engines(trainer, pl_module)
         pl_module.log("time/sync_s", time.perf_counter() - start, on_step=True, batch_size=1)
 
     # ------------------------------------------------------------------ validation
@@ -133,25 +145,39 @@ class RolloutCallback(Callback):
     def on_validation_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._sync_if_needed(pl_module)
+        self._prepare_engines(trainer, pl_module)
         self._reseed(trainer, f"val-{batch_idx}")
         batch.rollout = self.manager.generate(batch.rows, self.val_n_samples, self.val_sampling_params)
 
     def _reseed(self, trainer: L.Trainer, phase: str) -> None:
         """Sampling streams keyed by (seed, rank, step, phase): a resumed run samples what an unbroken one would."""
-        if hasattr(self.engine, "reseed"):
-            key = f"{self._base_seed}/{trainer.global_rank}/{trainer.global_step}/{phase}"
-            self.engine.reseed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
+        key = f"{self._base_seed}/{trainer.global_rank}/{trainer.global_step}/{phase}"
+        for index, engine in enumerate(self.engines):
+            if hasattr(engine, "reseed"):
+                engine.reseed(int.from_bytes(hashlib.sha256(f"{key}/{index}".encode()).digest()[:8], "little"))
 
     # ------------------------------------------------------------------ weight sync
 
-    def _sync_if_needed(self, pl_module: L.LightningModule) -> None:
-        if self._needs_sync:
-            rank_zero_info("RolloutCallback: re-syncing the engine with the restored policy weights")
-            self._sync(pl_module)
+    def _prepare_engines(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Bring the engines up to date before they generate: resume memory, then sync weights if stale.
 
-    def _sync(self, pl_module: L.LightningModule) -> None:
-        sync_weights(pl_module.model, self.engine, self.sync_bucket_bytes)
+        SGLang's order in colocated mode: weights back, weights updated, then the KV cache back.
+        """
+        if self._released:
+            for engine in self.engines:
+                engine.resume_memory_occupation(tags=["weights"])
+        if self._needs_sync:
+            self._sync(trainer, pl_module)
+        if self._released:
+            for engine in self.engines:
+                engine.resume_memory_occupation(tags=["kv_cache"])
+            self._released = False
+
+    def _sync(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        shared = any(getattr(engine, "shared", False) for engine in self.engines)
+        sync_weights(pl_module.model, self.engines, self.sync_bucket_bytes, push=trainer.is_global_zero or not shared)
+        if shared:  # no rank may generate from the servers before rank 0 has updated them
+            trainer.strategy.barrier("rollout_weight_sync")
         self.totals["syncs"] += 1
         self._needs_sync = False
 
@@ -167,7 +193,8 @@ class RolloutCallback(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.totals.update(state_dict.get("totals", {}))
-        self._needs_sync = True  # the engine still holds the initial weights; the restored policy differs
+        self._needs_sync = True  # the engines still hold the initial weights; the restored policy differs
+        rank_zero_info("RolloutCallback: the engines will be re-synced with the restored policy before the first rollout")
 
 
 def load_tokenizer(model_path: str) -> Any:

@@ -327,7 +327,8 @@ class TransformersEngine:
 
     def _finish_reason(self, request: _Request, token: int) -> dict[str, Any] | None:
         params = request.params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+        # As in SGLang, ignore_eos turns off every token-based stop, stop_token_ids included.
+        if not params.ignore_eos and (token in params.stop_token_ids or token in self.eos_token_ids):
             return {"type": "stop", "matched": token}
         if len(request.output_ids) >= params.max_new_tokens:
             return {"type": "length", "length": len(request.output_ids)}

@@ -36,16 +36,32 @@ def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Ite
         yield bucket
 
 
-def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_bytes: int = 512 << 20) -> int:
-    """Copy every parameter of ``model`` into ``engine``; returns the number of tensors pushed.
+def sync_weights(
+    model: torch.nn.Module, engines: list[RolloutEngine], bucket_bytes: int = 512 << 20, push: bool = True
+) -> int:
+    """Copy every parameter of ``model`` into each engine; returns the number of tensors gathered.
 
-    Raises ``RuntimeError`` with the engine's message when it reports a failed update.
+    Every rank must call this (gathering is collective); ``push=False`` gathers without sending (a rank
+    whose engines are shared servers that rank 0 updates). Engines with a weight-update session
+    (SGLang's ``begin_weight_update``/``end_weight_update``) get one session around all buckets. Raises
+    ``RuntimeError`` with the engine's message when an update fails.
     """
-    pushed = 0
-    for bucket in buckets(full_named_parameters(model), bucket_bytes):
-        ok, message = engine.update_weights_from_tensor(bucket, flush_cache=False)
-        if not ok:
-            raise RuntimeError(f"weight sync failed after {pushed} tensors: {message}")
-        pushed += len(bucket)
-    engine.flush_cache()
-    return pushed
+    targets = engines if push else []
+    for engine in targets:
+        if hasattr(engine, "begin_weight_update"):
+            engine.begin_weight_update()
+    gathered = 0
+    try:
+        for bucket in buckets(full_named_parameters(model), bucket_bytes):
+            for engine in targets:
+                ok, message = engine.update_weights_from_tensor(bucket, flush_cache=False)
+                if not ok:
+                    raise RuntimeError(f"weight sync failed after {gathered} tensors: {message}")
+            gathered += len(bucket)
+    finally:
+        for engine in targets:
+            if hasattr(engine, "end_weight_update"):
+                engine.end_weight_update()
+    for engine in targets:
+        engine.flush_cache()
+    return gathered

@@ -75,9 +75,11 @@ class RolloutManager:
     def generate(
         self, rows: Sequence[Mapping[str, Any]], n_samples: int, sampling_params: Mapping[str, Any]
     ) -> RolloutBatch:
-        """Blocking :meth:`agenerate` on the manager's own event loop (kept across calls)."""
+        """Blocking :meth:`agenerate` on one event loop kept across calls: the engine's own when it has
+        one (an in-process SGLang engine serves every request from its loop), else the manager's."""
         if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
+            engine_loop = next((e.loop for e in self.engines if getattr(e, "loop", None) is not None), None)
+            self._loop = engine_loop or asyncio.new_event_loop()
         return self._loop.run_until_complete(self.agenerate(rows, n_samples, sampling_params))
 
     async def agenerate(
@@ -98,7 +100,9 @@ class RolloutManager:
         return RolloutBatch(trajectories, summarize(trajectories, time.perf_counter() - start))
 
     def close(self) -> None:
-        """Close the manager's event loop (engines are owned and shut down by the caller)."""
+        """Close the manager's event loop (engines, and their loops, are owned and shut down by the caller)."""
+        if any(self._loop is getattr(e, "loop", None) for e in self.engines):
+            return
         if self._loop is not None and not self._loop.is_closed():
             self._loop.run_until_complete(self._loop.shutdown_default_executor())
             self._loop.close()

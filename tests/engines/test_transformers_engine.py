@@ -67,7 +67,8 @@ def test_stop_token_ids_end_generation(engine, policy_model):
     greedy = reference_greedy(policy_model, PROMPTS[0], 10)
     stop = greedy[3]
     first = greedy.index(stop)
-    result = engine.generate(input_ids=PROMPTS[0], sampling_params={**GREEDY, "stop_token_ids": [stop]})
+    params = {"temperature": 0.0, "max_new_tokens": 10, "stop_token_ids": [stop]}
+    result = engine.generate(input_ids=PROMPTS[0], sampling_params=params)
     assert result["output_ids"] == greedy[: first + 1]
     assert result["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
 

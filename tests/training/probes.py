@@ -37,7 +37,7 @@ class SyncChecker(Callback):
         mismatched = [
             name
             for name, full in full_named_parameters(pl_module.model)
-            if not torch.equal(rollout.engine.get_weights_by_name(name), full.to(torch.float32))
+            if not torch.equal(rollout.engines[0].get_weights_by_name(name), full.to(torch.float32))
         ]
         sharded = any(hasattr(p, "full_tensor") for p in pl_module.model.parameters())
         record = {"rank": trainer.global_rank, "step": trainer.global_step, "mismatched": mismatched, "sharded": sharded}

@@ -24,8 +24,10 @@ DOCUMENTED_STEP_KEYS = {
 }
 
 
-def quick_config(tmp_path: Path, model_dir: Path, steps: int, callbacks: list[dict] | None = None, **trainer) -> Path:
-    """The quickstart's shape, made small: 4 prompts x 4 samples per step."""
+def quick_config(
+    tmp_path: Path, model_dir: Path, steps: int, callbacks: list[dict] | None = None, n_samples: int = 4, **trainer
+) -> Path:
+    """The quickstart's shape, made small: 4 prompts x ``n_samples`` samples per step."""
     config = {
         "seed_everything": 7,
         "trainer": {
@@ -35,7 +37,7 @@ def quick_config(tmp_path: Path, model_dir: Path, steps: int, callbacks: list[di
             "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "logs")}},
             "callbacks": [
                 {"class_path": "lit_agentrl.callbacks.RolloutCallback",
-                 "init_args": {"n_samples": 4, "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
+                 "init_args": {"n_samples": n_samples, "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
                                "val_sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}},
                 *(callbacks or []),
             ],
@@ -105,7 +107,8 @@ def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quick
             {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": str(folder / "hf")}},
             *extra,
         ]
-        main(["fit", "--config", str(quick_config(folder, quickstart_model_dir, steps, callbacks)), *args])
+        config = quick_config(folder, quickstart_model_dir, steps, callbacks, n_samples=8)
+        main(["fit", "--config", str(config), *args])
         return folder
 
     straight = run("straight", 4, [])
@@ -121,6 +124,8 @@ def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quick
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
     initial = AutoModelForCausalLM.from_pretrained(quickstart_model_dir).state_dict()
     assert not all(torch.equal(a[k], initial[k]) for k in a), "training did not change the weights"
+    norms = [float(r["train/grad_norm"]) for r in read_csv(next((straight / "logs").rglob("metrics.csv"))) if r.get("train/grad_norm")]
+    assert any(n > 0 for n in norms), "no step had a policy gradient: the equality would be trivial"
 
 
 @pytest.mark.timeout(600)

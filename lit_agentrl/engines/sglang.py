@@ -1,0 +1,308 @@
+"""SGLang rollout engines: an in-process ``sglang.Engine`` (token in / token out), and SGLang HTTP servers.
+
+Both satisfy the engine contract of :mod:`lit_agentrl.engines.base` unchanged. Written against SGLang
+0.5.23, whose weight updates run inside a session: ``begin_weight_update()``, any number of
+``update_weights_from_tensor(...)``, ``end_weight_update()``.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from typing import Any, Iterable
+
+import torch
+
+from lit_agentrl.engines.base import GenerateResult
+from lit_agentrl.engines.sampling import SamplingParams
+
+
+def _import_sglang() -> Any:
+    try:
+        import sglang
+    except ImportError as exc:
+        raise ImportError(
+            "rollout engine 'sglang' needs SGLang: `pip install 'lit-agentrl[sglang]'` on a GPU machine, or "
+            "`scripts/build_sglang_env.sh` for the CPU test environment"
+        ) from exc
+    return sglang
+
+
+def expected_weight_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
+    """State-dict names and shapes of the model at ``model_path``, built on the meta device (no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def check_named_tensors(pairs: list[tuple[str, torch.Tensor]], shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """Why ``pairs`` must not be sent, or None. SGLang ignores unknown names and dies on a wrong shape."""
+    for name, tensor in pairs:
+        if name not in shapes:
+            return f"unknown weight {name!r}; the engine's model has e.g. {sorted(shapes)[:5]}"
+        if tuple(tensor.shape) != shapes[name]:
+            return f"weight {name!r}: shape {tuple(tensor.shape)} != {shapes[name]}"
+    return None
+
+
+def _validated(sampling_params: dict[str, Any] | list[dict[str, Any]] | None) -> Any:
+    for params in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
+        SamplingParams.from_dict(params)
+    return sampling_params if sampling_params is not None else {}
+
+
+class _WeightSession:
+    """SGLang 0.5.23's weight-update session around checked pushes; subclasses provide the transport."""
+
+    _shapes: dict[str, tuple[int, ...]]
+    _in_session = False
+
+    def begin_weight_update(self) -> None:
+        _raise_unless(self._call("begin_weight_update"), "begin_weight_update")
+        self._in_session = True
+
+    def end_weight_update(self) -> None:
+        self._in_session = False
+        _raise_unless(self._call("end_weight_update"), "end_weight_update")
+
+    def update_weights_from_tensor(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        load_format: str | None = None,
+        flush_cache: bool = True,
+    ) -> tuple[bool, str]:
+        """Push ``(name, tensor)`` pairs, checked first (SGLang ignores unknown names and a wrong shape kills
+        its scheduler). Opens and closes a session itself unless one is open (:func:`sync_weights` opens one).
+        """
+        pairs = [(name, tensor.detach()) for name, tensor in named_tensors]
+        problem = check_named_tensors(pairs, self._shapes)
+        if problem:
+            return False, problem
+        own_session = not self._in_session
+        if own_session:
+            self.begin_weight_update()
+        try:
+            return _as_pair(self._push(pairs, load_format, flush_cache))
+        finally:
+            if own_session:
+                self.end_weight_update()
+
+    def _call(self, what: str) -> Any:
+        raise NotImplementedError
+
+    def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
+        raise NotImplementedError
+
+
+class SGLangEngine(_WeightSession):
+    """An in-process ``sglang.Engine`` with ``skip_tokenizer_init=True``.
+
+    Args:
+        model_path: local Hugging Face model directory.
+        seed: SGLang's ``random_seed``.
+        dtype: ``bfloat16``, ``float16`` or ``float32``.
+        tp_size: tensor-parallel size of this engine.
+        mem_fraction_static: fraction of GPU memory for weights and KV cache (None: SGLang's default).
+        enable_memory_saver: required for ``release_memory_occupation`` (colocated training).
+        attention_backend: e.g. ``fa3``, ``flashinfer``, ``triton``; ``torch_native`` on CPU.
+        flattened_bucket: send each weight bucket as one flattened tensor (fewer IPC handles).
+        **server_args: any other ``ServerArgs`` field, passed through (``device``, ``max_total_tokens``, ...).
+
+    ``loop`` is SGLang's own event loop: the rollout manager runs its agents on it, since SGLang's
+    tokenizer manager serves every request and control call from one loop.
+    """
+
+    shared = False  # one engine per rank
+
+    def __init__(
+        self,
+        model_path: str,
+        seed: int = 0,
+        dtype: str = "bfloat16",
+        tp_size: int = 1,
+        mem_fraction_static: float | None = None,
+        enable_memory_saver: bool = False,
+        attention_backend: str | None = None,
+        flattened_bucket: bool = True,
+        log_level: str = "warning",
+        **server_args: Any,
+    ) -> None:
+        sglang = _import_sglang()
+        optional = {"mem_fraction_static": mem_fraction_static, "attention_backend": attention_backend}
+        self._engine = sglang.Engine(
+            model_path=model_path,
+            skip_tokenizer_init=True,
+            random_seed=seed,
+            dtype=dtype,
+            tp_size=tp_size,
+            enable_memory_saver=enable_memory_saver,
+            log_level=log_level,
+            **{k: v for k, v in optional.items() if v is not None},
+            **server_args,
+        )
+        self.loop = self._engine.loop
+        self.tp_size = tp_size
+        self.flattened_bucket = flattened_bucket
+        self._shapes = expected_weight_shapes(model_path)
+
+    async def async_generate(
+        self,
+        input_ids: list[int] | list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        return_logprob: bool = False,
+        **kwargs: Any,
+    ) -> GenerateResult | list[GenerateResult]:
+        return await self._engine.async_generate(
+            input_ids=input_ids, sampling_params=_validated(sampling_params), return_logprob=return_logprob, **kwargs
+        )
+
+    # ------------------------------------------------------------------ weights
+
+    def _call(self, what: str) -> Any:
+        return getattr(self._engine, what)()
+
+    def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
+        if self.flattened_bucket and load_format is None:
+            return self._engine.update_weights_from_tensor(
+                self._flattened(pairs), load_format="flattened_bucket", flush_cache=flush_cache
+            )
+        return self._engine.update_weights_from_tensor(pairs, load_format=load_format, flush_cache=flush_cache)
+
+    def _flattened(self, pairs: list[tuple[str, torch.Tensor]]) -> list[str]:
+        """One serialized flattened bucket per tensor-parallel rank (SGLang's ``flattened_bucket`` format)."""
+        from sglang.srt.utils import MultiprocessingSerializer
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+        bucket = FlattenedTensorBucket(named_tensors=pairs)
+        payload = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+        return [MultiprocessingSerializer.serialize(payload, output_str=True) for _ in range(self.tp_size)]
+
+    def update_weights_from_disk(self, model_path: str) -> tuple[bool, str]:
+        return _as_pair(self._engine.update_weights_from_disk(model_path))
+
+    # ------------------------------------------------------------------ memory and lifecycle
+
+    def flush_cache(self) -> bool:
+        result = self._engine.flush_cache()
+        return bool(getattr(result, "success", result))
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Free GPU memory (``weights``, ``kv_cache``, ``cuda_graph``) for a colocated trainer; engine idle."""
+        self.flush_cache()
+        self._engine.release_memory_occupation(tags=tags)
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self._engine.resume_memory_occupation(tags=tags)
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+
+class SGLangHTTPEngine(_WeightSession):
+    """An already running SGLang server (``python -m sglang.launch_server --skip-tokenizer-init ...``).
+
+    Args:
+        url: the server's base URL, e.g. ``http://10.0.0.5:30000``.
+        model_path: a local copy of the served model's config (the policy's path), to check weight names
+            and shapes before they are sent.
+        timeout_s: per-request timeout.
+        tp_size: the server's tensor-parallel size (one weight payload per rank).
+
+    Servers are shared by all training ranks (``shared = True``): rank 0 alone pushes weights. Weights
+    travel inline in the request (pickled, base64), which suits small models and tests; large models
+    belong on the servers' own update paths (disk or NCCL).
+    """
+
+    shared = True
+
+    def __init__(self, url: str, model_path: str, timeout_s: float = 600.0, tp_size: int = 1) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self._shapes = expected_weight_shapes(model_path)
+        self.tp_size = tp_size
+        self._timeout = timeout_s
+        self._sync = httpx.Client(base_url=self.url, timeout=timeout_s)
+        self._async: dict[int, Any] = {}  # one async client per event loop
+
+    def _client(self) -> Any:
+        import asyncio
+
+        import httpx
+
+        loop_id = id(asyncio.get_running_loop())
+        if loop_id not in self._async:
+            self._async[loop_id] = httpx.AsyncClient(base_url=self.url, timeout=self._timeout)
+        return self._async[loop_id]
+
+    async def async_generate(
+        self,
+        input_ids: list[int] | list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        return_logprob: bool = False,
+        **kwargs: Any,
+    ) -> GenerateResult | list[GenerateResult]:
+        body = {"input_ids": input_ids, "sampling_params": _validated(sampling_params), "return_logprob": return_logprob}
+        response = await self._client().post("/generate", json={**body, **kwargs})
+        response.raise_for_status()
+        result = response.json()
+        for item in result if isinstance(result, list) else [result]:
+            meta = item["meta_info"]
+            if meta.get("output_token_logprobs") is not None:
+                meta["output_token_logprobs"] = [tuple(entry) for entry in meta["output_token_logprobs"]]
+        return result
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        response = self._sync.post(path, json=body or {})
+        if response.status_code >= 400:
+            return {"success": False, "message": f"{path}: HTTP {response.status_code}: {response.text[:500]}"}
+        try:
+            return response.json()
+        except ValueError:
+            return {"success": True, "message": response.text}
+
+    def _call(self, what: str) -> Any:
+        return self._post(f"/{what}")
+
+    def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
+        """Weights travel inline: pickled CPU tensors, base64, one payload per tensor-parallel rank."""
+        cpu_pairs = [(name, tensor.cpu().contiguous()) for name, tensor in pairs]
+        payload = base64.b64encode(pickle.dumps(cpu_pairs)).decode()
+        body = {"serialized_named_tensors": [payload] * self.tp_size, "load_format": load_format, "flush_cache": flush_cache}
+        return self._post("/update_weights_from_tensor", body)
+
+    def abort_all(self) -> None:
+        """Abort every request in flight on the server (e.g. a rollout past its deadline)."""
+        self._post("/abort_request", {"rid": "", "abort_all": True})
+
+    def flush_cache(self) -> bool:
+        return bool(_as_pair(self._post("/flush_cache"))[0])
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        _raise_unless(self._post("/release_memory_occupation", {"tags": tags}), "release_memory_occupation")
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        _raise_unless(self._post("/resume_memory_occupation", {"tags": tags}), "resume_memory_occupation")
+
+    def shutdown(self) -> None:
+        """Close the connections; the server is not ours to stop."""
+        self._sync.close()
+        self._async.clear()
+
+
+def _as_pair(result: Any) -> tuple[bool, str]:
+    """SGLang answers ``(success, message)``, an object with ``success``/``message``, or a JSON dict."""
+    if isinstance(result, tuple):
+        return bool(result[0]), str(result[1]) if len(result) > 1 else ""
+    if isinstance(result, dict):
+        return bool(result.get("success", True)), str(result.get("message", ""))
+    return bool(getattr(result, "success", True)), str(getattr(result, "message", ""))
+
+
+def _raise_unless(result: Any, what: str) -> None:
+    ok, message = _as_pair(result)
+    if not ok:
+        raise RuntimeError(f"SGLang {what} failed: {message}")
