@@ -27,7 +27,8 @@ def test_non_finite_gradient_skips_the_update_and_is_counted(tmp_path, quickstar
         {"class_path": "probes.PoisonReward", "init_args": {"batches": [1]}},
         {"class_path": "probes.WeightWatcher", "init_args": {"path": str(watch)}},
     ]
-    rows = fit(tmp_path, quickstart_model_dir, steps=3, callbacks=callbacks)
+    # Weight decay makes every applied step move the weights, whatever the rewards were.
+    rows = fit(tmp_path, quickstart_model_dir, steps=3, callbacks=callbacks, weight_decay=0.01)
     records = [json.loads(line) for line in open(watch)]
     # Batch 1 is poisoned: its step is skipped (weights unchanged), so 3 optimizer steps take 4 batches.
     assert [r["changed"] for r in records] == [True, False, True, True]
