@@ -14,6 +14,23 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 MATH_SAMPLE_TRAIN = REPO_ROOT / "data" / "samples" / "math_sample_train.jsonl"
 MATH_SAMPLE_TEST = REPO_ROOT / "data" / "samples" / "math_sample_test.jsonl"
 MATH_EVAL_CFG = REPO_ROOT / "configs" / "agents" / "math_eval.yaml"
+SGLANG_SHIM = REPO_ROOT / "tests" / "sglang_shim"
+# SGLang on CPU: the facts measured for 0.5.23 (torch_native attention, float32, a small KV cache).
+SGLANG_CPU = {"device": "cpu", "attention_backend": "torch_native", "dtype": "float32",
+              "mem_fraction_static": 0.05, "max_total_tokens": 4096}
+
+
+def require_sglang() -> None:
+    """Skip without SGLang, except where LIT_AGENTRL_REQUIRE_SGLANG=1 (CI's SGLang run): there, fail."""
+    import importlib.util
+    import os
+
+    import pytest
+
+    if importlib.util.find_spec("sglang") is None:
+        if os.environ.get("LIT_AGENTRL_REQUIRE_SGLANG") == "1":
+            pytest.fail("SGLang is not importable in this environment (see scripts/build_sglang_env.sh)")
+        pytest.skip("SGLang is not installed here; .ci/run runs these tests in the SGLang environment")
 
 
 class ScriptedEngine:

@@ -7,7 +7,6 @@ SGLang needs its own environment (``scripts/build_sglang_env.sh``); there, ``.ci
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,24 +17,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from support import SGLANG_CPU, SGLANG_SHIM, require_sglang
+
 from lit_agentrl.engines.base import output_logprobs
 
-SHIM = Path(__file__).resolve().parents[1] / "sglang_shim"
-SGLANG_CPU = {"device": "cpu", "attention_backend": "torch_native", "dtype": "float32",
-              "mem_fraction_static": 0.05, "max_total_tokens": 4096}
 GREEDY = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33]]
 
 
-def require_sglang() -> None:
-    if importlib.util.find_spec("sglang") is None:
-        if os.environ.get("LIT_AGENTRL_REQUIRE_SGLANG") == "1":
-            pytest.fail("SGLang is not importable in this environment (see scripts/build_sglang_env.sh)")
-        pytest.skip("SGLang is not installed here; .ci/run runs these tests in the SGLang environment")
-
-
 def start_http_server(model_dir: Path, port: int) -> subprocess.Popen:
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join([str(SHIM), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join([str(SGLANG_SHIM), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--device", "cpu",
                "--attention-backend", "torch_native", "--dtype", "float32", "--skip-tokenizer-init",
                "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "4096", "--mem-fraction-static", "0.05",

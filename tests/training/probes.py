@@ -75,3 +75,26 @@ class WeightWatcher(Callback):
         }
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+class GreedyAgreement(Callback):
+    """After each step's weight sync, compare the engine's greedy tokens with the policy's own ``generate``."""
+
+    def __init__(self, path: str, prompt: list[int], new_tokens: int = 6) -> None:
+        self.path, self.prompt, self.new_tokens = path, prompt, new_tokens
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        import asyncio
+
+        rollout = next(c for c in trainer.callbacks if type(c).__name__ == "RolloutCallback")
+        engine = rollout.engines[0]
+        params = {"temperature": 0.0, "max_new_tokens": self.new_tokens, "ignore_eos": True}
+        request = engine.async_generate(input_ids=self.prompt, sampling_params=params)
+        loop = getattr(engine, "loop", None)
+        result = loop.run_until_complete(request) if loop is not None else asyncio.new_event_loop().run_until_complete(request)
+        with torch.no_grad():
+            policy = pl_module.model.generate(
+                torch.tensor([self.prompt]), max_new_tokens=self.new_tokens, do_sample=False, eos_token_id=None
+            )[0, len(self.prompt) :].tolist()
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": trainer.global_step, "engine": result["output_ids"], "policy": policy}) + "\n")
