@@ -24,6 +24,7 @@ class RolloutMetrics(torch.nn.Module):
         self.failed = SumMetric()
         self.drift = SumMetric()
         self.tokens_per_s = SumMetric()
+        self.total = SumMetric()
 
     @torch.no_grad()
     def compute(self, trajectories: Sequence[Trajectory], seconds: float) -> dict[str, float]:
@@ -41,6 +42,7 @@ class RolloutMetrics(torch.nn.Module):
         generated = sum(t.num_generated_tokens for t in ok)
         for metric, value in (
             (self.failed, len(trajectories) - len(ok)),
+            (self.total, len(trajectories)),
             (self.drift, sum(int(t.extra_fields.get("template_drift", 0)) for t in ok)),
             (self.tokens_per_s, generated / seconds if seconds > 0 else 0.0),
         ):
@@ -54,6 +56,7 @@ class RolloutMetrics(torch.nn.Module):
             "rollout/num_turns_mean": _finite(self.turns.compute()),
             "rollout/tool_calls_mean": _finite(self.tool_calls.compute()),
             "rollout/failed": float(self.failed.compute()),
+            "rollout/trajectories": float(self.total.compute()),
             "rollout/template_drift": float(self.drift.compute()),
             "rollout/tokens_per_s": float(self.tokens_per_s.compute()),
         }

@@ -1,12 +1,14 @@
-"""Test doubles that need no network. Imported by tests as ``support`` (tests/ is on sys.path)."""
+"""Test doubles and helpers that need no network. Imported by tests as ``support`` (tests/ is on sys.path)."""
 
 from __future__ import annotations
 
 import asyncio
+import csv
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+import yaml
 
 from lit_agentrl.engines.sampling import SamplingParams
 
@@ -85,3 +87,39 @@ def tool_call_text(name: str, arguments: dict) -> str:
     import json
 
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+def quick_config(
+    tmp_path: Path, model_dir: Path, steps: int, callbacks: list[dict] | None = None, n_samples: int = 4, **trainer
+) -> Path:
+    """The quickstart's shape, made small: 4 prompts x ``n_samples`` samples per step."""
+    config = {
+        "seed_everything": 7,
+        "trainer": {
+            "accelerator": "cpu", "devices": 1, "max_steps": steps, "log_every_n_steps": 1,
+            "num_sanity_val_steps": 0, "enable_progress_bar": False, "enable_model_summary": False,
+            "enable_checkpointing": False, "default_root_dir": str(tmp_path),
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "logs")}},
+            "callbacks": [
+                {"class_path": "lit_agentrl.callbacks.RolloutCallback",
+                 "init_args": {"n_samples": n_samples, "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
+                               "val_sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}},
+                *(callbacks or []),
+            ],
+            **trainer,
+        },
+        "model": {"model_path": str(model_dir), "lr": 5.0e-4},
+        "data": {
+            "train_files": str(REPO_ROOT / "data/quickstart/train.jsonl"),
+            "val_files": str(REPO_ROOT / "data/quickstart/val.jsonl"),
+            "prompts_per_step": 4, "val_prompts_per_step": 10,
+        },
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))

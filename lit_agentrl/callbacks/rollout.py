@@ -35,6 +35,8 @@ class RolloutCallback(Callback):
         trajectory_timeout_s: a trajectory running longer is marked failed and left out of the loss.
         check_template_drift: count ``rollout/template_drift`` (one template render per trajectory).
         sync_bucket_mb: size of the weight-sync buckets.
+        max_failed_fraction: stop the run when more than this fraction of a step's trajectories (over all
+            ranks) failed, quoting the most common reasons, instead of training on what is left.
         colocate: the engine shares the trainer's GPU: release its memory (weights and KV cache) after
             each rollout and resume it around the weight sync (needs SGLang's ``enable_memory_saver``).
 
@@ -56,10 +58,13 @@ class RolloutCallback(Callback):
         trajectory_timeout_s: float | None = None,
         check_template_drift: bool = True,
         sync_bucket_mb: int = 512,
+        max_failed_fraction: float = 0.5,
         colocate: bool = False,
     ) -> None:
         if n_samples < 1 or val_n_samples < 1:
             raise ValueError(f"n_samples and val_n_samples must be >= 1, got {n_samples} and {val_n_samples}")
+        if not 0.0 <= max_failed_fraction <= 1.0:
+            raise ValueError(f"max_failed_fraction must be in [0, 1], got {max_failed_fraction}")
         if sync_bucket_mb < 1:
             raise ValueError(f"sync_bucket_mb must be >= 1, got {sync_bucket_mb}")
         self.sampling = SamplingParams.from_dict(sampling_params, where="RolloutCallback.sampling_params")
@@ -74,6 +79,7 @@ class RolloutCallback(Callback):
         self.check_template_drift = check_template_drift
         self.sync_bucket_bytes = sync_bucket_mb << 20
         self.colocate = colocate
+        self.max_failed_fraction = max_failed_fraction
         self.engines: list[RolloutEngine] = []
         self.manager: RolloutManager | None = None
         self.metrics = RolloutMetrics()
@@ -130,6 +136,7 @@ class RolloutCallback(Callback):
             self._released = True
         metrics = self.metrics.compute(batch.rollout.trajectories, seconds)
         self._count(batch)
+        self._check_failures(metrics, batch)
         pl_module.log_dict(metrics, on_step=True, batch_size=1)
         pl_module.log("rollout/reward", metrics["rollout/reward_mean"], on_step=True, prog_bar=True, logger=False, batch_size=1)
         pl_module.log("time/rollout_s", seconds, on_step=True, prog_bar=True, batch_size=1)
@@ -180,6 +187,16 @@ class RolloutCallback(Callback):
             trainer.strategy.barrier("rollout_weight_sync")
         self.totals["syncs"] += 1
         self._needs_sync = False
+
+    def _check_failures(self, metrics: dict[str, float], batch: PromptBatch) -> None:
+        """Stop when too many trajectories failed; every rank sees the same global counts, so all stop."""
+        total = metrics["rollout/trajectories"]
+        if total and metrics["rollout/failed"] / total > self.max_failed_fraction:
+            reasons = "; ".join(f"{n} x {reason}" for reason, n in batch.rollout.stats.failure_reasons.most_common(3))
+            raise RuntimeError(
+                f"{metrics['rollout/failed']:.0f} of {total:.0f} trajectories failed this step, more than "
+                f"max_failed_fraction={self.max_failed_fraction}; most common reasons on this rank: {reasons}"
+            )
 
     def _count(self, batch: PromptBatch) -> None:
         self.totals["rollouts"] += 1

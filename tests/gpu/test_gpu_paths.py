@@ -53,8 +53,7 @@ def test_fsdp2_fit_over_nccl_syncs_exact_weights(tmp_path, quickstart_model_dir)
     if torch.cuda.device_count() < 1:
         pytest.skip("needs a GPU")
     devices = min(2, torch.cuda.device_count())
-    sys.path.insert(0, str(REPO_ROOT / "tests" / "training"))
-    from test_fit import quick_config
+    from support import quick_config
 
     callbacks = [{"class_path": "probes.SyncChecker", "init_args": {"path": str(tmp_path / "sync.jsonl")}}]
     strategy = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import yaml
-from test_fit import quick_config
+from support import quick_config
 
 from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.cli import main

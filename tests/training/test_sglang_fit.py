@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 from support import SGLANG_CPU, require_sglang
-from test_fit import quick_config, read_csv
+from support import quick_config, read_csv
 
 from lit_agentrl.cli import main
 

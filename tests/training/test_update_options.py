@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from test_fit import quick_config, read_csv
+from support import quick_config, read_csv
 
 from lit_agentrl.cli import main
 
