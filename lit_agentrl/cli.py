@@ -14,6 +14,7 @@ from pathlib import Path
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
+from lit_agentrl.checkpoint import AtomicCheckpointIO
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.module import GRPOModule
 
@@ -53,8 +54,8 @@ def main(args: list[str] | None = None) -> None:
     AgentRLCLI(
         GRPOModule,
         AgentPromptDataModule,
-        # The data module splits prompts across ranks itself.
-        trainer_defaults={"use_distributed_sampler": False},
+        # The data module splits prompts across ranks itself; checkpoint files are written atomically.
+        trainer_defaults={"use_distributed_sampler": False, "plugins": [AtomicCheckpointIO()]},
         save_config_kwargs={"overwrite": True},
         args=args,
     )
