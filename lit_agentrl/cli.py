@@ -10,6 +10,7 @@ import csv
 import os
 import statistics
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
@@ -23,6 +24,9 @@ REWARD_KEY = "rollout/reward_mean"
 
 class AgentRLCLI(LightningCLI):
     """LightningCLI that, after ``fit``, prints where the metrics went and how the reward moved."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.link_arguments("model.model_path", "data.tokenizer_path")
 
     def after_fit(self) -> None:
         if not self.trainer.is_global_zero:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Literal, Mapping, Sequence
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_agentrl.agents.config import load_agent_cfg
 from lit_agentrl.agents.registry import get_agent_class, import_agent_modules
 from lit_agentrl.rewards import get_reward_fn, resolve_reward_fn
-from lit_agentrl.rows import PROMPT_KEYS, row_ground_truth
+from lit_agentrl.rows import PROMPT_KEYS, row_ground_truth, row_prompt
 from lit_agentrl.types import PromptBatch
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -55,13 +56,17 @@ def row_errors(row: Mapping[str, Any], data_dir: Path, reward_fn: str | None) ->
     agent_name = row.get("agent_name")
     if not agent_name:
         errors.append("field 'agent_name' is missing or empty")
+    elif not isinstance(agent_name, str):
+        errors.append(f"field 'agent_name' must be a string, got {type(agent_name).__name__}")
     else:
         try:
             get_agent_class(agent_name)
         except KeyError as exc:
             errors.append(f"field 'agent_name': {exc.args[0]}")
     cfg_path = row.get("agent_cfg_path")
-    if cfg_path:
+    if cfg_path and not isinstance(cfg_path, str):
+        errors.append(f"field 'agent_cfg_path' must be a path string, got {type(cfg_path).__name__}")
+    elif cfg_path:
         try:
             load_agent_cfg(resolve_cfg_path(cfg_path, data_dir))
         except FileNotFoundError:
@@ -72,14 +77,23 @@ def row_errors(row: Mapping[str, Any], data_dir: Path, reward_fn: str | None) ->
         except ValueError as exc:
             errors.append(f"field 'agent_cfg_path': {exc}")
     errors += _prompt_errors(row)
-    try:
-        needs_truth = resolve_reward_fn(row, reward_fn) is not None
-    except KeyError as exc:
-        errors.append(f"reward: {exc.args[0]}")
-        needs_truth = False
-    if needs_truth and row_ground_truth(row) in (None, ""):
-        errors.append("field 'reward_model.ground_truth' (or 'ground_truth') is missing; the reward function needs it")
+    errors += _ground_truth_errors(row, reward_fn)
     return errors
+
+
+def _ground_truth_errors(row: Mapping[str, Any], reward_fn: str | None) -> list[str]:
+    try:
+        reward = resolve_reward_fn(row, reward_fn)
+    except KeyError as exc:
+        return [f"reward: {exc.args[0]}"]
+    if reward is None:
+        return []
+    truth = row_ground_truth(row)
+    if truth in (None, ""):
+        return ["field 'reward_model.ground_truth' (or 'ground_truth') is missing; the reward function needs it"]
+    check = getattr(reward, "check_ground_truth", None)
+    problem = check(truth) if check is not None else None
+    return [f"field 'reward_model.ground_truth' {problem}"] if problem else []
 
 
 def _prompt_errors(row: Mapping[str, Any]) -> list[str]:
@@ -118,7 +132,7 @@ def load_and_validate(paths: Sequence[str], reward_fn: str | None) -> list[dict[
         for i, row in enumerate(load_rows(path)):
             for error in row_errors(row, data_dir, reward_fn):
                 problems.setdefault((str(path), error), []).append(i)
-            if row.get("agent_cfg_path"):
+            if row.get("agent_cfg_path") and isinstance(row["agent_cfg_path"], str):
                 row["agent_cfg_path"] = resolve_cfg_path(row["agent_cfg_path"], data_dir)
             rows.append(row)
     if problems:
@@ -134,6 +148,11 @@ def _rows_text(indices: list[int]) -> str:
         return f"row {indices[0]}"
     listed = ", ".join(map(str, indices[:5])) + (", ..." if len(indices) > 5 else "")
     return f"{len(indices)} rows ({listed})"
+
+
+def _prompt_tokens(tokenizer: Any, row: Mapping[str, Any]) -> int:
+    text = tokenizer.apply_chat_template(row_prompt(row), tokenize=False, add_generation_prompt=True)
+    return len(tokenizer.encode(text, add_special_tokens=False))
 
 
 class PromptBatchLoader:
@@ -199,6 +218,10 @@ class AgentPromptDataModule(L.LightningDataModule):
             get a reward function must carry a ground truth.
         agent_modules: modules (dotted names or ``.py`` paths) to import before validation, so users'
             ``@register`` agents exist.
+        max_prompt_length: longest prompt, in tokens of the chat-templated prompt (without the agent's tool
+            schemas); None: no limit.
+        overlong_prompts: ``error`` refuses the data at setup, ``skip`` drops such rows and reports the count.
+        tokenizer_path: the tokenizer that measures prompts (the CLI links it to ``model.model_path``).
 
     Example (YAML, under ``data:``)::
 
@@ -217,6 +240,9 @@ class AgentPromptDataModule(L.LightningDataModule):
         shuffle: bool = True,
         reward_fn: str | None = None,
         agent_modules: list[str] | None = None,
+        max_prompt_length: int | None = None,
+        overlong_prompts: Literal["error", "skip"] = "error",
+        tokenizer_path: str | None = None,
     ) -> None:
         super().__init__()
         if prompts_per_step < 1:
@@ -229,6 +255,12 @@ class AgentPromptDataModule(L.LightningDataModule):
         self.val_prompts_per_step = val_prompts_per_step or prompts_per_step
         self.seed, self.shuffle, self.reward_fn = seed, shuffle, reward_fn
         self.agent_modules = list(agent_modules or [])
+        if overlong_prompts not in ("error", "skip"):
+            raise ValueError(f"data.overlong_prompts must be 'error' or 'skip', got {overlong_prompts!r}")
+        if max_prompt_length is not None and max_prompt_length < 1:
+            raise ValueError(f"data.max_prompt_length must be >= 1 or null, got {max_prompt_length}")
+        self.max_prompt_length, self.overlong_prompts, self.tokenizer_path = max_prompt_length, overlong_prompts, tokenizer_path
+        self.num_skipped_overlong = 0
         self._train_loader: PromptBatchLoader | None = None
         self._val_loader: PromptBatchLoader | None = None
 
@@ -239,16 +271,37 @@ class AgentPromptDataModule(L.LightningDataModule):
             if size % world:
                 raise ValueError(f"{name}={size} must be divisible by the number of processes ({world})")
         if stage == "fit" and self._train_loader is None:
-            rows = load_and_validate(self.train_files, self.reward_fn)
+            rows = self._limit_prompt_length(load_and_validate(self.train_files, self.reward_fn), self.train_files)
             if len(rows) < self.prompts_per_step:
                 raise ValueError(f"{self.train_files}: {len(rows)} rows, fewer than data.prompts_per_step={self.prompts_per_step}")
             self._train_loader = PromptBatchLoader(rows, self.prompts_per_step, self.seed, self.shuffle, rank, world, "train")
         if self.val_files and self._val_loader is None and stage in ("fit", "validate"):
-            rows = load_and_validate(self.val_files, self.reward_fn)
+            rows = self._limit_prompt_length(load_and_validate(self.val_files, self.reward_fn), self.val_files)
             size = min(self.val_prompts_per_step, len(rows) - len(rows) % world)
             if size < world:
                 raise ValueError(f"{self.val_files}: {len(rows)} rows cannot be split across {world} processes")
             self._val_loader = PromptBatchLoader(rows, size, self.seed, False, rank, world, "val")
+
+    def _limit_prompt_length(self, rows: list[dict[str, Any]], files: list[str]) -> list[dict[str, Any]]:
+        """Refuse or drop rows whose templated prompt exceeds ``max_prompt_length`` tokens."""
+        if self.max_prompt_length is None:
+            return rows
+        if not self.tokenizer_path:
+            raise ValueError("data.max_prompt_length needs data.tokenizer_path (the CLI links it to model.model_path)")
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        over = [i for i, row in enumerate(rows) if _prompt_tokens(tokenizer, row) > self.max_prompt_length]
+        if not over:
+            return rows
+        example = str(row_prompt(rows[over[0]])[-1].get("content", ""))[:80]
+        what = f"{files}: {len(over)} of {len(rows)} prompts are longer than data.max_prompt_length={self.max_prompt_length} tokens (e.g. {example!r})"
+        if self.overlong_prompts == "error":
+            raise ValueError(f"{what}; raise the limit or set data.overlong_prompts: skip")
+        rank_zero_info(f"AgentPromptDataModule: skipping them. {what}")
+        self.num_skipped_overlong += len(over)
+        dropped = set(over)
+        return [row for i, row in enumerate(rows) if i not in dropped]
 
     def train_dataloader(self) -> PromptBatchLoader:
         assert self._train_loader is not None, "setup('fit') must run first"

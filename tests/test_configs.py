@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lightning.pytorch.cli import LightningCLI
 from support import REPO_ROOT
 
 from lit_agentrl.agents import load_agent_cfg
+from lit_agentrl.cli import AgentRLCLI
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.module import GRPOModule
 
@@ -26,10 +26,11 @@ def test_run_config_parses_and_instantiates(path: Path, monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.chdir(tmp_path)  # loggers may create folders
-    cli = LightningCLI(
+    cli = AgentRLCLI(
         GRPOModule, AgentPromptDataModule, run=False, args=["--config", str(path), "--trainer.accelerator", "cpu", "--trainer.devices", "1"],
         trainer_defaults={"use_distributed_sampler": False},
     )
+    assert cli.datamodule.tokenizer_path == cli.model.hparams.model_path  # linked by the CLI
     assert isinstance(cli.model, GRPOModule) and isinstance(cli.datamodule, AgentPromptDataModule)
     assert any(type(c).__name__ == "RolloutCallback" for c in cli.trainer.callbacks)
     first_line = path.read_text().splitlines()[0]

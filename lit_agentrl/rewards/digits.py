@@ -24,3 +24,10 @@ def next_digit_reward(completion: str, ground_truth: str | None, **row: object) 
     if match is None:
         return 0.0
     return 1.0 if match.group(1) == str(ground_truth) else FORMAT_CREDIT
+
+
+def _digit_problem(ground_truth: object) -> str | None:
+    return None if isinstance(ground_truth, str) and re.fullmatch(r"\d", ground_truth) else f"must be one digit, got {ground_truth!r}"
+
+
+next_digit_reward.check_ground_truth = _digit_problem  # type: ignore[attr-defined]

@@ -156,3 +156,21 @@ def compute_math_reward(completion: str, ground_truth: str, **row: object) -> fl
     if answer is None:
         return 0.0
     return 1.0 if is_equiv(answer, ground_truth) else 0.0
+
+
+def ground_truth_problem(ground_truth: object) -> str | None:
+    """Why ``ground_truth`` cannot serve as a math answer key (checked at setup), or None."""
+    if not isinstance(ground_truth, str) or not ground_truth.strip():
+        return f"must be a non-empty string, got {ground_truth!r}"
+    if len(ground_truth) > MAX_ANSWER_CHARS:
+        return f"is longer than {MAX_ANSWER_CHARS} characters"
+    try:
+        parsed = _parse_answer(ground_truth, _timeout_s())
+    except (Exception, TimeoutException):
+        parsed = []
+    if not any(not isinstance(item, str) for item in parsed):
+        return f"{ground_truth!r} cannot be parsed by math-verify into an expression, so no answer could match it"
+    return None
+
+
+compute_math_reward.check_ground_truth = ground_truth_problem  # type: ignore[attr-defined]

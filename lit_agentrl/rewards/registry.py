@@ -10,7 +10,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 RewardFn = Callable[..., float]
-"""``(completion: str, ground_truth: str | None, **row) -> float``."""
+"""``(completion: str, ground_truth: str | None, **row) -> float``. A reward may carry an attribute
+``check_ground_truth(ground_truth) -> str | None`` saying why a ground truth is unusable; rows are checked
+with it at setup."""
 
 _REGISTRY: dict[str, RewardFn] = {}
 

@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import MATH_EVAL_CFG, MATH_SAMPLE_TRAIN
 
-from lit_agentrl.data import AgentPromptDataModule, PromptBatchLoader, load_and_validate
+from lit_agentrl.data import AgentPromptDataModule, PromptBatchLoader, load_and_validate, row_errors
 
 GOOD = {
     "agent_name": "matheval_agent",
@@ -167,3 +169,38 @@ def test_impossible_batch_configurations_fail_at_setup(tmp_path):
     module = AgentPromptDataModule(train_files=str(MATH_SAMPLE_TRAIN), prompts_per_step=64, reward_fn="math")
     with pytest.raises(ValueError, match="24 rows, fewer than data.prompts_per_step=64"):
         module.setup("fit")
+
+
+@pytest.mark.parametrize("truth", ["}{", "\\sqrt{", "???"])
+def test_ground_truth_the_reward_cannot_parse_is_refused(tmp_path, truth):
+    path = write_jsonl(tmp_path / "train.jsonl", [{**GOOD, "reward_model": {"ground_truth": truth}}])
+    with pytest.raises(ValueError, match="cannot be parsed by math-verify"):
+        load_and_validate([str(path)], reward_fn="math")
+
+
+def test_overlong_prompts_are_refused_or_skipped_and_counted(tmp_path, tiny_model_dir):
+    long = {**GOOD, "prompt": [{"role": "user", "content": "What is " + "1 + " * 200 + "1?"}]}
+    path = write_jsonl(tmp_path / "train.jsonl", [GOOD] * 4 + [long] * 2)
+    refuse = AgentPromptDataModule(train_files=str(path), prompts_per_step=2, reward_fn="math", max_prompt_length=64,
+                                   tokenizer_path=str(tiny_model_dir))
+    with pytest.raises(ValueError, match="2 of 6 prompts are longer than data.max_prompt_length=64"):
+        refuse.setup("fit")
+    skip = AgentPromptDataModule(train_files=str(path), prompts_per_step=2, reward_fn="math", max_prompt_length=64,
+                                 overlong_prompts="skip", tokenizer_path=str(tiny_model_dir))
+    skip.setup("fit")
+    assert skip.num_skipped_overlong == 2 and len(skip.train_dataloader().rows) == 4
+
+
+ROW_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=10,
+)
+ROW_KEYS = st.sampled_from(["agent_name", "agent_cfg_path", "prompt", "messages", "reward_model", "ground_truth", "data_source", "x"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(ROW_KEYS, ROW_VALUES | st.sampled_from(list(GOOD.values())), max_size=7))
+def test_fuzzed_rows_never_crash_validation(row):
+    errors = row_errors(row, Path("."), "math")
+    assert isinstance(errors, list) and all(isinstance(e, str) for e in errors)
