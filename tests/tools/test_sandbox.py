@@ -1,0 +1,314 @@
+"""PythonSandbox: ordinary code runs; hostile code is contained, and comes back as an error result."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import tracemalloc
+import uuid
+
+import pytest
+
+from lit_agentrl.tools.sandbox import (
+    _MARKER,
+    CodeRunner,
+    PythonSandbox,
+    SandboxLimits,
+    SandboxResult,
+    limits_from_mapping,
+)
+
+FAST = SandboxLimits(cpu_seconds=1, wall_seconds=3, output_bytes=4096)
+MARGIN_S = 1.5  # startup of two interpreters and the kill, on a busy 2-core machine
+ROOT = os.geteuid() == 0
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> PythonSandbox:
+    return PythonSandbox(FAST)
+
+
+def sandbox_processes() -> list[int]:
+    """Pids of sandbox children still alive (their command line carries the sandbox's marker)."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    found = []
+    if psutil is not None:
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if any(_MARKER in part for part in proc.info["cmdline"] or []):
+                found.append(proc.info["pid"])
+        return found
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if _MARKER.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def timed(sandbox: PythonSandbox, code: str) -> tuple[SandboxResult, float]:
+    start = time.monotonic()
+    result = sandbox.run(code)
+    return result, time.monotonic() - start
+
+
+# ------------------------------------------------------------------------------------------ ordinary code
+
+
+def test_prints_and_returns_stdout(sandbox):
+    result = sandbox.run("x = 6 * 7\nprint(x)")
+    assert result.stdout == "42\n" and result.exit_code == 0 and result.error is None
+    assert not result.timed_out and not result.truncated
+    assert result.as_tool_text() == "42"
+    assert isinstance(sandbox, CodeRunner)
+
+
+def test_no_output_says_so(sandbox):
+    assert "no output" in sandbox.run("x = 1").as_tool_text()
+
+
+def test_syntax_error_is_error_text(sandbox):
+    result = sandbox.run("def f(:\n    pass")
+    assert result.exit_code == 1 and "SyntaxError" in result.error and 'File "main.py", line 1' in result.error
+    assert _MARKER not in result.error  # the sandbox's own frames are not shown
+
+
+def test_exception_gives_the_traceback_tail_with_stdout_first(sandbox):
+    result = sandbox.run("print('partial')\ndef f():\n    return 1 / 0\nf()")
+    assert result.error.splitlines()[-1] == "ZeroDivisionError: division by zero"
+    assert 'File "main.py", line 3, in f' in result.error and _MARKER not in result.error
+    assert result.as_tool_text().startswith("partial\nTraceback")
+
+
+def test_working_directory_is_private_writable_and_deleted(sandbox):
+    result = sandbox.run(
+        "import os, tempfile\nopen('a.txt', 'w').write('hi')\nprint(open('a.txt').read())\n"
+        "print(os.getcwd())\nprint(os.environ['HOME'] == os.getcwd() == tempfile.gettempdir())"
+    )
+    text, cwd, same = result.stdout.split()
+    assert result.error is None and text == "hi" and same == "True"
+    assert not os.path.exists(cwd)
+
+
+def test_standard_library_imports_work_but_not_the_project(sandbox):
+    result = sandbox.run("import fractions, math, itertools\nprint(fractions.Fraction(1, 3) + math.factorial(3))")
+    assert result.stdout.strip() == "19/3"
+    assert "No module named 'lit_agentrl'" in sandbox.run("import lit_agentrl").error
+
+
+def test_bad_input_never_raises(sandbox):
+    assert "must be a string" in asyncio.run(sandbox.arun(123)).error  # type: ignore[arg-type]
+    missing = PythonSandbox(FAST, python="/nonexistent/python")
+    assert missing.run("print(1)").error.startswith("SandboxError")
+
+
+def test_limits_from_mapping():
+    assert limits_from_mapping({"cpu_seconds": 2}).cpu_seconds == 2
+    with pytest.raises(ValueError, match="unknown sandbox limit"):
+        limits_from_mapping({"cpu": 2})
+    with pytest.raises(ValueError):
+        SandboxLimits(wall_seconds=0)
+
+
+# ----------------------------------------------------------------------------------------- hostile code
+
+
+def test_infinite_loop_hits_the_cpu_limit_in_time(sandbox):
+    result, took = timed(sandbox, "while True: pass")
+    assert "TimeoutError" in result.error and "CPU time" in result.error
+    assert took < FAST.wall_seconds + MARGIN_S
+
+
+def test_sleeping_forever_hits_the_wall_limit(sandbox):
+    result, took = timed(sandbox, "import time\nprint('started')\ntime.sleep(60)")
+    assert result.timed_out and "TimeoutError" in result.error
+    assert result.stdout == "started\n"  # what was printed before the kill is kept
+    assert took < FAST.wall_seconds + MARGIN_S
+    assert not sandbox_processes()
+
+
+def test_fork_bomb_is_refused_and_leaves_no_process(sandbox):
+    result, took = timed(sandbox, "import os\nwhile True: os.fork()")
+    assert result.error is not None and ("os.fork" in result.error or "Resource temporarily" in result.error)
+    assert took < FAST.wall_seconds + MARGIN_S
+    assert not sandbox_processes()
+
+
+def test_huge_allocation_is_a_memory_error(sandbox):
+    result = sandbox.run("x = bytearray(10**10)")
+    assert result.error.splitlines()[-1] == "MemoryError"
+
+
+def test_huge_output_is_truncated_without_trainer_memory(sandbox):
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    before = tracemalloc.get_traced_memory()[0]
+    try:
+        result, took = timed(sandbox, "print('x' * 10**8)")
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    assert result.error is None and result.truncated
+    assert result.stdout.startswith("x" * FAST.output_bytes)
+    assert len(result.stdout) < FAST.output_bytes + 200 and "output truncated" in result.stdout
+    assert peak < 8 * 2**20, f"the trainer kept {peak} bytes for 100 MB of output"
+    assert took < FAST.wall_seconds + MARGIN_S
+
+
+def test_project_files_are_unreadable(sandbox):
+    project_file = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "pyproject.toml")
+    result = sandbox.run(f"print(open({project_file!r}).read())")
+    assert "PermissionError" in result.error and "[build-system]" not in result.stdout
+    assert "PermissionError" in sandbox.run("import os\nprint(os.listdir('/'))").error
+
+
+def test_environment_has_no_secrets(sandbox, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "secret123")
+    result = sandbox.run("import os\nprint(dict(os.environ))")
+    assert result.error is None and "secret123" not in result.stdout and "WANDB" not in result.stdout
+    assert "/work" not in result.stdout
+    # Nor through /proc: the trainer's environment file is refused.
+    parent_env = sandbox.run("import os\nprint(open(f'/proc/{os.getppid()}/environ').read())")
+    assert "PermissionError" in parent_env.error and "secret123" not in parent_env.stdout
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)",
+        "import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen()",
+    ],
+    ids=["connect", "listen"],
+)
+def test_sockets_are_refused(sandbox, code):
+    result = sandbox.run(code)
+    assert "PermissionError: sandbox: network access" in result.error
+
+
+def test_writing_outside_its_directory_is_refused(sandbox):
+    target = f"/tmp/escape-{uuid.uuid4().hex}.txt"
+    result = sandbox.run(f"open({target!r}, 'w').write('x')")
+    assert "PermissionError" in result.error and not os.path.exists(target)
+    result = sandbox.run(f"import os\nos.rename('main.py', {target!r})")
+    assert "PermissionError" in result.error and not os.path.exists(target)
+
+
+def test_killing_its_parent_is_refused(sandbox):
+    result = sandbox.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
+    assert "PermissionError" in result.error
+    os.kill(os.getpid(), 0)  # still here
+
+
+def test_running_programs_is_refused(sandbox):
+    result = sandbox.run("import subprocess\nsubprocess.run(['ls'])")
+    assert "PermissionError" in result.error and "starting programs" in result.error
+    assert "PermissionError" in sandbox.run("import os\nos.system('ls')").error
+    assert "ImportError" in sandbox.run("import ctypes").error
+
+
+# --------------------------------------------------------------------- the layers, one by one, as root
+
+
+@pytest.mark.skipif(not ROOT, reason="the privilege drop only happens when the trainer runs as root")
+def test_kernel_layers_hold_without_the_audit_hook():
+    """With the audit hook switched off, the uid drop, RLIMIT_NPROC and the network namespace still hold."""
+    bare = PythonSandbox(FAST)
+    if not bare.privileges_dropped:
+        pytest.skip("this machine does not allow dropping to an unprivileged uid")
+    bare._guard = False
+    fork = bare.run("import os\nwhile True: os.fork()")
+    assert "BlockingIOError" in fork.error and not sandbox_processes()
+    assert "Operation not permitted" in bare.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)").error
+    target = os.path.join(os.path.dirname(__file__), f"escape-{uuid.uuid4().hex}.txt")
+    assert "Permission denied" in bare.run(f"open({target!r}, 'w')").error and not os.path.exists(target)
+    if bare.network_isolated:
+        assert "unreachable" in bare.run("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)").error
+
+
+@pytest.mark.skipif(not ROOT, reason="as root without the drop, only the audit hook refuses (documented)")
+def test_audit_hook_alone_refuses_as_root_without_the_drop():
+    hook_only = PythonSandbox(FAST, drop_privileges=False)
+    assert "0" == hook_only.run("import os\nprint(os.getuid())").stdout.strip()
+    assert "os.fork" in hook_only.run("import os\nos.fork()").error
+    assert "os.kill" in hook_only.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)").error
+    assert "PermissionError" in hook_only.run("open('/tmp/escape.txt', 'w')").error
+    assert not sandbox_processes()
+
+
+def test_isolation_report(sandbox):
+    iso = sandbox.isolation
+    assert set(iso) >= {"netns", "dropped", "keep_read", "uid"}
+    assert sandbox.network_isolated == iso["netns"]
+    if sandbox.privileges_dropped:  # each run gets an unprivileged uid of its own
+        uids = {int(sandbox.run("import os\nprint(os.getuid())").stdout) for _ in range(2)}
+        assert len(uids) == 2 and 0 not in uids
+
+
+# ---------------------------------------------------------------------------------------------- asyncio
+
+
+def test_arun_runs_concurrently_without_blocking_the_loop(sandbox):
+    async def main():
+        gaps: list[float] = []
+        done = asyncio.Event()
+
+        async def ticker():
+            last = time.monotonic()
+            while not done.is_set():
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.create_task(ticker())
+        start = time.monotonic()
+        results = await asyncio.gather(*(sandbox.arun(f"import time\ntime.sleep(1)\nprint({i})") for i in range(8)))
+        took = time.monotonic() - start
+        done.set()
+        await tick
+        # Called from inside a running loop, the blocking API still works (on a loop of its own).
+        nested = sandbox.run("print('nested')")
+        return results, took, max(gaps), nested
+
+    results, took, worst_gap, nested = asyncio.run(main())
+    assert [r.stdout.strip() for r in results] == [str(i) for i in range(8)]
+    assert took < 1.0 + MARGIN_S, f"8 one-second snippets took {took:.2f}s"
+    assert worst_gap < 0.3, f"the event loop was blocked for {worst_gap:.2f}s"
+    assert nested.stdout == "nested\n"
+
+
+def test_cancelling_arun_kills_the_child(sandbox):
+    async def main():
+        task = asyncio.create_task(sandbox.arun("import time\ntime.sleep(30)"))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    time.sleep(0.1)
+    assert not sandbox_processes()
+
+
+def test_site_packages_option_gives_sympy_but_not_the_project():
+    pytest.importorskip("sympy")
+    sandbox = PythonSandbox(SandboxLimits(cpu_seconds=5, wall_seconds=10), site_packages=True)
+    result = sandbox.run("import sympy\nprint(sympy.sqrt(8))")
+    assert result.stdout.strip() == "2*sqrt(2)", result.error
+    assert "No module named 'lit_agentrl'" in sandbox.run("import lit_agentrl").error
+    assert "PermissionError" in sandbox.run("import ctypes\nctypes.CDLL('libc.so.6').getpid()").error
+
+
+def test_signals_are_named_in_errors(sandbox):
+    result = sandbox.run("import os, signal\nsignal.raise_signal(signal.SIGSEGV)")
+    assert result.exit_code == -signal.SIGSEGV and "SIGSEGV" in result.error
