@@ -1,0 +1,3 @@
+"""lit-agentrl: agentic reinforcement learning (GRPO) for language models in PyTorch Lightning."""
+
+__version__ = "0.1.0"

@@ -13,6 +13,11 @@ drops in unchanged and the transformers engine imitates it. One generation resul
             "output_token_logprobs": [(logprob, token_id, None), ...],   # only with return_logprob=True
         },
     }
+
+Optional members the trainer uses when an engine has them: ``begin_weight_update()``/``end_weight_update()``
+(SGLang's weight-update session, opened once around all buckets of a sync), ``loop`` (the event loop the
+engine must be driven from), ``shared`` (True for servers shared by all ranks: rank 0 alone pushes weights)
+and ``reseed(seed)`` (restart the sampling streams, for exactly reproducible runs).
 """
 
 from __future__ import annotations
