@@ -1,0 +1,277 @@
+"""lit-agentrl vs TRL's ``GRPOTrainer``: the same GRPO work, side by side, seconds per step.
+
+Both sides train one locally built Qwen3 (hidden 256 x 4 layers, BPE tokenizer with a ChatML template) on
+the same 64 synthetic chat prompts: 8 prompts x 8 samples per step, up to 64 new tokens, temperature 1,
+one optimizer step per rollout, no KL (TRL ``beta=0.0``), the same learning rate (constant, AdamW,
+gradient clipping 1.0), a length reward computed by the same function, ``OMP_NUM_THREADS`` equal, CPU.
+
+Scenarios:
+  uniform   every completion runs to 64 tokens (ours: ``ignore_eos``; TRL: ``min_new_tokens=64``, which
+            masks the EOS logit);
+  variable  completions end on a fixed set of stop token ids (plus ``<|im_end|>``), so lengths vary widely
+            (ours: ``stop_token_ids``; TRL: the model's ``generation_config.eos_token_id``).
+
+Each framework runs in its own subprocess (ours: ``lit-agentrl fit --config <generated yaml>`` with the
+``single_turn`` agent; TRL: this file with ``--worker trl``), interleaved A B A B over ``--rounds`` rounds.
+A wall clock is taken at the end of every step (ours: a Lightning callback; TRL: a ``TrainerCallback`` at
+``on_step_end``); the first ``--warmup`` steps of every run are dropped. Reported: median seconds per step
+and the ratio TRL / ours, plus our per-step breakdown (rollout / train / sync / other) from the CSV metrics.
+
+    pip install torch==2.13.0 -e ".[bench]"   # TRL 1.16 (CPU, no vLLM); leaves the other versions as they are
+    python benchmarks/vs_trl.py --steps 8 --threads 2 --scenarios uniform,variable
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from lit_agentrl.rewards import register_reward
+
+REWARD_NAME = "vs_trl_length"
+N_PROMPTS = 64
+PROMPTS_PER_STEP = 8
+N_SAMPLES = 8
+NEW_TOKENS = 64
+STOP_EVERY = 24
+"""Variable lengths: every ``STOP_EVERY``-th token id (from 10) stops a completion, about 4% of a random
+model's draws, so lengths spread from 1 to 64 (about a third still reach 64)."""
+
+
+@register_reward(REWARD_NAME)
+def length_reward(completion: str, ground_truth: Any = None, **_: Any) -> float:
+    """The trivial reward both sides use: completion length in characters, specials stripped, capped at 1."""
+    text = completion.replace("<|im_end|>", "").replace("<|endoftext|>", "")
+    return min(len(text), 200) / 200.0
+
+
+def make_prompts(n: int = N_PROMPTS) -> list[str]:
+    """Short, deterministic chat prompts (the same text for both sides)."""
+    return [f"What is {a} + {b}? Answer briefly." for a, b in ((i * 7 % 50, i * 13 % 40 + 1) for i in range(n))]
+
+
+def stop_ids(vocab_size: int, eos_id: int) -> list[int]:
+    return [t for t in range(10, vocab_size, STOP_EVERY) if t != eos_id]
+
+
+# --------------------------------------------------------------------------------------------------- clocks
+def _lightning_clock():
+    from lightning.pytorch.callbacks import Callback
+
+    class StepClock(Callback):
+        """Writes the wall-clock time at the start of training and at the end of every step to ``out``."""
+
+        def __init__(self, out: str) -> None:
+            self.out, self.times = out, []
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.times = [time.perf_counter()]
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.times.append(time.perf_counter())
+            Path(self.out).write_text(json.dumps(self.times))
+
+    return StepClock
+
+
+StepClock = _lightning_clock()
+
+
+# ------------------------------------------------------------------------------------------------- workers
+def run_ours(model_dir: Path, work: Path, scenario: str, steps: int, lr: float, seed: int, clock: Path) -> Path:
+    import yaml
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows = [
+        {"data_source": REWARD_NAME, "agent_name": "single_turn", "prompt": [{"role": "user", "content": p}], "ground_truth": "-"}
+        for p in make_prompts()
+    ]
+    data = work / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sampling: dict[str, Any] = {"max_new_tokens": NEW_TOKENS, "temperature": 1.0}
+    if scenario == "uniform":
+        sampling["ignore_eos"] = True
+    else:
+        sampling["stop_token_ids"] = stop_ids(len(tok), tok.eos_token_id)
+    config = {
+        "seed_everything": seed,
+        "trainer": {
+            "accelerator": "cpu", "devices": 1, "max_steps": steps, "log_every_n_steps": 1,
+            "num_sanity_val_steps": 0, "enable_progress_bar": False, "enable_model_summary": False,
+            "enable_checkpointing": False, "default_root_dir": str(work),
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(work), "name": "csv"}},
+            "callbacks": [
+                {"class_path": "lit_agentrl.callbacks.RolloutCallback",
+                 "init_args": {"n_samples": N_SAMPLES, "sampling_params": sampling, "check_template_drift": False}},
+                {"class_path": "vs_trl.StepClock", "init_args": {"out": str(clock)}},
+            ],
+        },
+        "model": {"model_path": str(model_dir), "lr": lr, "kl_coef": 0.0, "grad_clip": 1.0},
+        "data": {"train_files": str(data), "prompts_per_step": PROMPTS_PER_STEP, "agent_modules": ["vs_trl"], "seed": seed},
+    }
+    path = work / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def trl_worker(args: argparse.Namespace) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(args.threads)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    generation_kwargs: dict[str, Any] = {}
+    if args.scenario == "uniform":
+        generation_kwargs["min_new_tokens"] = NEW_TOKENS  # EOS logits masked: every completion is 64 tokens
+    else:
+        # GRPOTrainer reads its stop set (for generate and for masking) from the model's generation config.
+        model.generation_config.eos_token_id = [tok.eos_token_id, *stop_ids(len(tok), tok.eos_token_id)]
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in make_prompts()])
+
+    def reward(completions, **_):
+        return [length_reward(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+
+    times: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *a, **k):
+            times.append(time.perf_counter())
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter())
+            Path(args.clock).write_text(json.dumps(times))
+
+    config = GRPOConfig(
+        output_dir=args.work, use_cpu=True, bf16=False, fp16=False, seed=args.seed,
+        per_device_train_batch_size=PROMPTS_PER_STEP * N_SAMPLES,  # counts completions
+        num_generations=N_SAMPLES, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
+        beta=0.0, num_iterations=1, gradient_accumulation_steps=1, steps_per_generation=1,
+        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0,
+        max_steps=args.steps, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        dataloader_num_workers=0, generation_kwargs=generation_kwargs or None,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
+                          processing_class=tok, callbacks=[Clock()])
+    trainer.train()
+    lengths = [h.get("completions/mean_length") for h in trainer.state.log_history if "completions/mean_length" in h]
+    Path(args.work, "lengths.json").write_text(json.dumps(lengths))
+
+
+# ----------------------------------------------------------------------------------------------- driver
+def step_seconds(clock: Path, warmup: int) -> list[float]:
+    times = json.loads(clock.read_text())
+    return [b - a for a, b in zip(times, times[1:])][warmup:]
+
+
+def our_breakdown(work: Path, walls: list[float], warmup: int) -> dict[str, list[float]]:
+    """Per measured step: rollout, train, sync from the CSV; other = wall - their sum."""
+    path = next(work.glob("csv/version_*/metrics.csv"))
+    by_step: dict[int, dict[str, float]] = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            entry = by_step.setdefault(int(row["step"]), {})
+            for key in ("time/rollout_s", "time/train_s", "time/sync_s", "rollout/response_length_mean"):
+                if row.get(key):
+                    entry[key] = float(row[key])
+    steps = [by_step[k] for k in sorted(by_step)][warmup : warmup + len(walls)]
+    out: dict[str, list[float]] = {"rollout": [], "train": [], "sync": [], "other": [], "length": []}
+    for wall, s in zip(walls, steps):
+        out["length"].append(s.get("rollout/response_length_mean", float("nan")))
+        r, t, y = s.get("time/rollout_s", 0.0), s.get("time/train_s", 0.0), s.get("time/sync_s", 0.0)
+        out["rollout"].append(r), out["train"].append(t), out["sync"].append(y), out["other"].append(wall - r - t - y)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8, help="steps per run (the first --warmup are dropped)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="A B rounds per scenario")
+    parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for both sides")
+    parser.add_argument("--scenarios", default="uniform,variable")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temporary one)")
+    parser.add_argument("--worker", choices=["trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--scenario", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--clock", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker == "trl":
+        trl_worker(args)
+        return
+
+    from lit_agentrl.models.tiny import TinyModelConfig, save_tiny_model
+
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="vs_trl-"))
+    model_dir = save_tiny_model(root / "model", TinyModelConfig(
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+    ))
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])))
+    cli = [shutil.which("lit-agentrl") or ""] if shutil.which("lit-agentrl") else [sys.executable, "-c", "from lit_agentrl.cli import main; main()"]
+    results: dict[str, dict[str, Any]] = {}
+    for scenario in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
+        res = results[scenario] = {"ours": [], "trl": [], "trl_length": [],
+                                   "breakdown": {"rollout": [], "train": [], "sync": [], "other": [], "length": []}}
+        for rnd in range(args.rounds):
+            for side in ("ours", "trl"):
+                work = root / f"{scenario}-{side}-{rnd}"
+                work.mkdir(parents=True, exist_ok=True)
+                clock = work / "clock.json"
+                if side == "ours":
+                    config = run_ours(model_dir, work, scenario, args.steps, args.lr, args.seed + rnd, clock)
+                    cmd = [*cli, "fit", "--config", str(config)]
+                else:
+                    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "trl", "--model", str(model_dir),
+                           "--scenario", scenario, "--work", str(work), "--clock", str(clock), "--steps", str(args.steps),
+                           "--threads", str(args.threads), "--lr", str(args.lr), "--seed", str(args.seed + rnd)]
+                start = time.perf_counter()
+                proc = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    sys.exit(f"{side} ({scenario}, round {rnd}) failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+                walls = step_seconds(clock, args.warmup)
+                res[side] += walls
+                if side == "ours":
+                    for k, v in our_breakdown(work, walls, args.warmup).items():
+                        res["breakdown"][k] += v
+                else:
+                    res["trl_length"] += json.loads((work / "lengths.json").read_text())[args.warmup :]
+                print(f"[{scenario} round {rnd}] {side}: {len(walls)} steps, median {statistics.median(walls):.2f} s/step "
+                      f"(process {time.perf_counter() - start:.0f} s)", flush=True)
+
+    print(f"\nthreads={args.threads}, {PROMPTS_PER_STEP} prompts x {N_SAMPLES} samples, <= {NEW_TOKENS} new tokens, "
+          f"warm-up {args.warmup} of {args.steps} steps dropped per run, {args.rounds} rounds A B")
+    print(f"{'scenario':<10} {'ours s/step':>12} {'TRL s/step':>11} {'TRL/ours':>9} {'n':>7} | "
+          f"{'rollout':>8} {'train':>7} {'sync':>6} {'other':>6} | {'tokens ours/TRL':>15}")
+    for scenario, res in results.items():
+        ours, trl = statistics.median(res["ours"]), statistics.median(res["trl"])
+        b = {k: statistics.median(v) if v else float("nan") for k, v in res["breakdown"].items() if k != "length"}
+        print(f"{scenario:<10} {ours:>12.2f} {trl:>11.2f} {trl / ours:>9.2f} {len(res['ours']):>3}/{len(res['trl']):<3} | "
+              f"{b['rollout']:>8.2f} {b['train']:>7.2f} {b['sync']:>6.3f} {b['other']:>6.2f} | "
+              f"{statistics.fmean(res['breakdown']['length']):>7.1f}/{statistics.fmean(res['trl_length']):<7.1f}")
+    print("rollout/train/sync/other: our per-step breakdown (median s, from the CSV metrics; other = wall - the three);"
+          " tokens: mean completion length")
+    print(f"scratch: {root}")
+
+
+if __name__ == "__main__":
+    main()
