@@ -1,0 +1,147 @@
+"""Multi-turn rollouts with a slow, heavy-tailed tool: the rollout manager vs a lockstep baseline.
+
+Every trajectory makes 3 model turns with a tool call between them. Tool latencies are heavy-tailed, as code
+sandboxes and search tools behave, and the same for the same (trajectory, turn) on both sides:
+``--latency bimodal``: 20 ms 90% of the time, 1 s otherwise; ``--latency pareto``: 20 ms x a Pareto(1.2) draw,
+capped at 2 s (median ~36 ms, about 1 call in 100 over 1 s). (a) the rollout manager runs every trajectory as its own LangGraph task;
+(b) the lockstep baseline runs each turn for the whole batch together and waits for the batch's slowest
+tool before the next turn, as batch-synchronous trainers do. Same engine, same chat model, same prompts.
+
+    python benchmarks/multiturn_slow_tools.py --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import statistics
+import tempfile
+import time
+from typing import Annotated, Any, Sequence, TypedDict
+
+import torch
+from langchain_core.messages import BaseMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, StateGraph
+from langgraph.graph.message import add_messages
+from transformers import AutoTokenizer
+
+from lit_agentrl.agents import AgentGraph, ChatModel, register
+from lit_agentrl.engines.hf import TransformersEngine
+from lit_agentrl.models.tiny import save_tiny_model
+from lit_agentrl.rollout.manager import RolloutManager
+
+TURNS = 3
+PARAMS = {"max_new_tokens": 24, "temperature": 1.0, "ignore_eos": True}
+
+
+LATENCY = "pareto"
+
+
+def tool_latency(row_id: int, sample: int, turn: int) -> float:
+    """A fixed heavy-tailed draw per (trajectory, turn), from the distribution named by ``LATENCY``."""
+    u = (int.from_bytes(hashlib.sha256(f"{row_id}/{sample}/{turn}".encode()).digest()[:4], "little") + 1) / (2**32 + 1)
+    if LATENCY == "bimodal":
+        return 1.0 if u < 0.1 else 0.02
+    return min(2.0, 0.02 * u ** (-1 / 1.2))
+
+
+class State(TypedDict):
+    messages: Annotated[Sequence[BaseMessage], add_messages]
+    turn: int
+
+
+@register("slow_tool_benchmark_agent")
+class SlowToolAgent(AgentGraph):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.build_graph()
+        self._samples: dict[int, int] = {}
+        workflow = StateGraph(State)
+        workflow.add_node("agent", self._model)
+        workflow.add_node("tool", self._tool)
+        workflow.set_entry_point("agent")
+        workflow.add_conditional_edges("agent", lambda s: "tool" if s["turn"] < TURNS else "end", {"tool": "tool", "end": END})
+        workflow.add_edge("tool", "agent")
+        self.graph = workflow.compile()
+
+    async def _model(self, state: State, config: RunnableConfig) -> dict:
+        message = await self.chatmodel.ainvoke(state["messages"], sampling_params=PARAMS)
+        return {"messages": [message], "turn": state["turn"] + 1}
+
+    async def _tool(self, state: State, config: RunnableConfig) -> dict:
+        key = config["configurable"]
+        await asyncio.sleep(tool_latency(key["row_id"], key["sample"], state["turn"]))
+        return {"messages": [HumanMessage("observation: done")]}
+
+    async def run(self, messages, sampling_params, **kwargs):
+        row_id = kwargs["row_id"]
+        sample = self._samples[row_id] = self._samples.get(row_id, -1) + 1
+        config = {"configurable": {"row_id": row_id, "sample": sample}}
+        state = await self.graph.ainvoke({"messages": list(messages), "turn": 0}, config=config)
+        output = self.convert_agent_graph_output(state)
+        output.reward_score = 0.0
+        return output
+
+
+async def lockstep(chat: ChatModel, rows: list[dict], n: int) -> None:
+    """Each turn for the whole batch at once; the next turn waits for every tool call of this one."""
+    conversations = [(row["row_id"], s, list(row["prompt"])) for row in rows for s in range(n)]
+    for turn in range(1, TURNS + 1):
+        replies = await asyncio.gather(*(chat.ainvoke(msgs, sampling_params=PARAMS) for _, _, msgs in conversations))
+        for (_, _, msgs), reply in zip(conversations, replies):
+            msgs.append(reply)
+        if turn < TURNS:
+            await asyncio.gather(*(asyncio.sleep(tool_latency(r, s, turn)) for r, s, _ in conversations))
+            for _, _, msgs in conversations:
+                msgs.append(HumanMessage("observation: done"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--latency", choices=["pareto", "bimodal"], default="pareto")
+    args = parser.parse_args()
+    global LATENCY
+    LATENCY = args.latency
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(save_tiny_model(tmp))
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        engine = TransformersEngine(path)
+        rows = [{"agent_name": "slow_tool_benchmark_agent", "row_id": i, "prompt": [{"role": "user", "content": f"task {i}"}]}
+                for i in range(args.prompts)]
+        manager = RolloutManager([engine], tokenizer, check_template_drift=False)
+        chat = ChatModel(model="lockstep", llm=engine, tokenizer=tokenizer)
+        loop = asyncio.new_event_loop()
+        timings: dict[str, list[float]] = {"rollout manager": [], "lockstep baseline": []}
+        for round_ in range(args.repeats + 1):
+            for graph in manager._graphs.values():
+                graph._samples.clear()  # same (row, sample) latencies every round
+            start = time.perf_counter()
+            batch = manager.generate(rows, args.samples, PARAMS)
+            managed = time.perf_counter() - start
+            assert batch.stats.num_failed == 0, batch.stats.failure_reasons
+            start = time.perf_counter()
+            loop.run_until_complete(lockstep(chat, rows, args.samples))
+            stepped = time.perf_counter() - start
+            if round_:
+                timings["rollout manager"].append(managed)
+                timings["lockstep baseline"].append(stepped)
+        engine.shutdown()
+    slow = sum(tool_latency(r, s, t) > 0.5 for r in range(args.prompts) for s in range(args.samples) for t in range(1, TURNS))
+    print(f"{args.latency} latency: {args.prompts} prompts x {args.samples} samples, {TURNS} model turns, {slow} tool calls over 0.5 s of "
+          f"{args.prompts * args.samples * (TURNS - 1)}, {args.threads} threads, median of {args.repeats}")
+    medians = {k: statistics.median(v) for k, v in timings.items()}
+    for name, seconds in medians.items():
+        print(f"  {name:20s} {seconds:7.3f} s")
+    a, b = medians.values()
+    print(f"  ratio {a / b:.2f}   (target <= 0.6)")
+
+
+if __name__ == "__main__":
+    main()
