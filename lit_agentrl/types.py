@@ -46,7 +46,7 @@ class Trajectory:
 
 @dataclass
 class RolloutStats:
-    """Aggregates of one rollout batch; ``as_metrics`` gives the documented ``rollout/*`` keys."""
+    """Aggregates of one rollout batch (the logged ``rollout/*`` metrics come from :class:`~lit_agentrl.metrics.RolloutMetrics`)."""
 
     num_trajectories: int = 0
     num_failed: int = 0
@@ -64,18 +64,6 @@ class RolloutStats:
     @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def as_metrics(self) -> dict[str, float]:
-        return {
-            "rollout/reward_mean": self.reward_mean,
-            "rollout/reward_std": self.reward_std,
-            "rollout/response_length_mean": self.response_length_mean,
-            "rollout/num_turns_mean": self.num_turns_mean,
-            "rollout/tool_calls_mean": self.tool_calls_mean,
-            "rollout/failed": float(self.num_failed),
-            "rollout/tokens_per_s": self.tokens_per_s,
-            "rollout/template_drift": float(self.template_drift),
-        }
 
 
 @dataclass

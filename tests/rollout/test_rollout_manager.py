@@ -10,6 +10,7 @@ from support import MATH_SAMPLE_TRAIN
 
 from lit_agentrl.agents import AgentGraph, AgentGraphOutput, register
 from lit_agentrl.engines.hf import TransformersEngine
+from lit_agentrl.metrics import RolloutMetrics
 from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.types import Trajectory
 
@@ -43,8 +44,10 @@ def test_matheval_rollouts_4_prompts_x_4_samples(engine, tokenizer):
         assert t.agent_name == "matheval_agent" and t.reward in (0.0, 1.0)
     assert batch.stats.template_drift == 0
     assert batch.stats.generated_tokens == sum(t.num_generated_tokens for t in batch.trajectories)
-    metrics = batch.stats.as_metrics()
+    metrics = RolloutMetrics().compute(batch.trajectories, batch.stats.seconds)
     assert {"rollout/reward_mean", "rollout/failed", "rollout/num_turns_mean", "rollout/template_drift"} <= set(metrics)
+    assert metrics["rollout/reward_mean"] == pytest.approx(batch.stats.reward_mean)
+    assert metrics["rollout/trajectories"] == 16 and metrics["rollout/failed"] == 0
 
 
 @register("test_raising_agent")
