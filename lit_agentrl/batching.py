@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -56,52 +56,103 @@ def _shift(t: Trajectory, advantage: float) -> TrainingSample:
     )
 
 
-def plan_micro_batches(samples: Sequence[TrainingSample], token_budget: int) -> list[list[int]]:
-    """Group sample indices into micro-batches whose padded size (rows x longest) fits ``token_budget``.
+def plan_micro_batches(
+    samples: Sequence[TrainingSample], token_budget: int, packing: bool = True
+) -> list[list[list[int]]]:
+    """Lay samples out as micro-batches of rows of sample indices, each micro-batch within ``token_budget``.
 
-    Samples are sorted by length first, so each micro-batch holds similar lengths and pads little. A
-    sample longer than the budget gets a micro-batch of its own.
+    With ``packing``, samples are packed first-fit-decreasing into rows as long as the longest sample, so a
+    row holds several short sequences and almost no padding. Without it, each row holds one sample. Rows
+    are then grouped longest first, so each micro-batch's rows have similar fills; a micro-batch costs
+    (rows x its longest row) tokens. A row longer than the budget gets a micro-batch of its own.
     """
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i]))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        if current and len(samples[i]) * (len(current) + 1) > token_budget:
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i]), reverse=True)
+    rows = _pack_rows(order, [len(s) for s in samples], packing)
+    fills = [sum(len(samples[i]) for i in row) for row in rows]
+    batches: list[list[list[int]]] = []
+    current: list[list[int]] = []
+    width = 0
+    for row, fill in sorted(zip(rows, fills), key=lambda rf: rf[1], reverse=True):
+        if current and max(width, fill) * (len(current) + 1) > token_budget:
             batches.append(current)
-            current = []
-        current.append(i)
+            current, width = [], 0
+        current.append(row)
+        width = max(width, fill)
     if current:
         batches.append(current)
     return batches
 
 
+def _pack_rows(order: list[int], lengths: list[int], packing: bool) -> list[list[int]]:
+    """First-fit decreasing into rows of capacity max(lengths); ``order`` is longest first."""
+    if not packing or not order:
+        return [[i] for i in order]
+    capacity = lengths[order[0]]
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        slot = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
+        if slot is None:
+            rows.append([i])
+            room.append(capacity - lengths[i])
+        else:
+            rows[slot].append(i)
+            room[slot] -= lengths[i]
+    return rows
+
+
 class MicroBatch(NamedTuple):
-    input_ids: torch.Tensor  # [B, L] right-padded
-    attention_mask: torch.Tensor  # [B, L]
-    targets: torch.Tensor  # [B, L]
-    loss_mask: torch.Tensor  # [B, L] float
-    old_logprobs: torch.Tensor  # [B, L]
-    advantages: torch.Tensor  # [B]
+    """Rows of one or more sequences each, right-padded to the longest row. All tensors [R, W].
+
+    Position ids restart at 0 for every sequence in a row, which is how transformers models recognise
+    packed sequences and keep them from attending to one another. Padding continues the last sequence's
+    positions: causally after every real token, it never changes one, and it carries loss mask 0.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    targets: torch.Tensor
+    loss_mask: torch.Tensor  # float
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor  # each token carries its sequence's advantage
+    sequence_index: torch.Tensor  # long: the token's sequence within the micro-batch, -1 for padding
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.sequence_index.max()) + 1
+
+    def model_inputs(self) -> dict[str, Any]:
+        """Forward arguments; without a KV cache, since transformers looks for packed rows only then."""
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False}
 
 
-def collate(samples: Sequence[TrainingSample], pad_id: int, device: torch.device | str = "cpu") -> MicroBatch:
-    """Right-pad samples into tensors; padding carries mask 0 and never reaches the loss."""
-    width = max(len(s) for s in samples)
-    shape = (len(samples), width)
+def collate(rows: Sequence[Sequence[TrainingSample]], pad_id: int, device: torch.device | str = "cpu") -> MicroBatch:
+    """Concatenate each row's samples and right-pad the rows to the longest one."""
+    width = max(sum(len(s) for s in row) for row in rows)
+    shape = (len(rows), width)
     ids = torch.full(shape, pad_id, dtype=torch.long)
-    attention = torch.zeros(shape, dtype=torch.long)
     targets = torch.full(shape, pad_id, dtype=torch.long)
+    positions = torch.zeros(shape, dtype=torch.long)
     mask = torch.zeros(shape, dtype=torch.float32)
     old = torch.zeros(shape, dtype=torch.float32)
-    for row, s in enumerate(samples):
-        n = len(s)
-        ids[row, :n] = torch.tensor(s.input_ids)
-        attention[row, :n] = 1
-        targets[row, :n] = torch.tensor(s.targets)
-        mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        old[row, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    tensors = (ids, attention, targets, mask, old, advantages)
+    advantages = torch.zeros(shape, dtype=torch.float32)
+    sequence = torch.full(shape, -1, dtype=torch.long)
+    index = 0
+    for r, row in enumerate(rows):
+        start = 0
+        for s in row:
+            end = start + len(s)
+            ids[r, start:end] = torch.tensor(s.input_ids)
+            targets[r, start:end] = torch.tensor(s.targets)
+            positions[r, start:end] = torch.arange(len(s))
+            mask[r, start:end] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            old[r, start:end] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+            advantages[r, start:end] = s.advantage
+            sequence[r, start:end] = index
+            start, index = end, index + 1
+        last = len(row[-1])
+        positions[r, start:] = torch.arange(last, last + width - start)
+    tensors = (ids, positions, targets, mask, old, advantages, sequence)
     return MicroBatch(*(t.to(device) for t in tensors))
 
 

@@ -43,19 +43,28 @@ class TokenLogProbs(NamedTuple):
 
 
 def token_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> TokenLogProbs:
     """Log-probability of each target token under softmax(logits / temperature), and optionally the entropy.
 
-    logits: [B, L, V] (position t predicts targets[:, t]); targets: [B, L]. Computed in float32.
+    logits: [B, L, V] (position t predicts targets[:, t]); targets: [B, L]. Computed in float32. With
+    ``entropy_grad=False`` the entropy is computed without a graph (reported, not optimised), sharing the
+    log-normaliser of the log-probs instead of recomputing it.
     """
-    scaled = logits.float() / temperature
+    scaled = logits.float()
+    if temperature != 1.0:
+        scaled = scaled / temperature
     log_z = torch.logsumexp(scaled, dim=-1)  # [B, L]
     picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
     entropy = None
     if with_entropy:
-        probs = torch.softmax(scaled, dim=-1)
-        entropy = log_z - (probs * scaled).sum(-1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            s, z = (scaled, log_z) if entropy_grad else (scaled.detach(), log_z.detach())
+            entropy = z - (torch.exp(s - z.unsqueeze(-1)) * s).sum(-1)
     return TokenLogProbs(picked, entropy)
 
 
@@ -65,23 +74,43 @@ class PolicyLossStats(NamedTuple):
     approx_kl: torch.Tensor  # mean of (old - new) log-prob: how far the policy moved from the rollout
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, how: LossAggregation, denominator: float | None = None) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    how: LossAggregation,
+    denominator: float | None = None,
+    sequence_index: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Reduce per-token ``values`` [B, L] under ``mask`` [B, L].
 
     token-mean: sum over all tokens / number of tokens (``denominator`` overrides the count, so
     micro-batches of one mini-batch add up to the mini-batch's mean); seq-mean-token-mean: mean per
     sequence, then mean over sequences; seq-mean-token-sum: sum per sequence, mean over sequences. For the
-    sequence variants ``denominator`` overrides the number of sequences.
+    sequence variants ``denominator`` overrides the number of sequences. A sequence is a row, or, for packed
+    rows, the tokens sharing a ``sequence_index`` [B, L] (-1: padding).
     """
     mask = mask.to(values.dtype)
     if how == "token-mean":
         return (values * mask).sum() / (denominator if denominator is not None else mask.sum().clamp(min=1))
-    per_seq = (values * mask).sum(-1)
-    if how == "seq-mean-token-mean":
-        per_seq = per_seq / mask.sum(-1).clamp(min=1)
-    elif how != "seq-mean-token-sum":
+    if how not in ("seq-mean-token-mean", "seq-mean-token-sum"):
         raise ValueError(f"unknown loss aggregation {how!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+    per_seq, tokens = _per_sequence(values * mask, mask, sequence_index)
+    if how == "seq-mean-token-mean":
+        per_seq = per_seq / tokens.clamp(min=1)
     return per_seq.sum() / (denominator if denominator is not None else max(per_seq.numel(), 1))
+
+
+def _per_sequence(
+    masked: torch.Tensor, mask: torch.Tensor, sequence_index: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums of ``masked`` and of ``mask`` per sequence: per row, or per ``sequence_index``."""
+    if sequence_index is None:
+        return masked.sum(-1), mask.sum(-1)
+    real = sequence_index >= 0
+    index = sequence_index[real]
+    count = int(index.max()) + 1 if index.numel() else 0
+    sums = masked.new_zeros(count).index_add(0, index, masked[real])
+    return sums, mask.new_zeros(count).index_add(0, index, mask[real])
 
 
 def clipped_policy_loss(
@@ -93,19 +122,21 @@ def clipped_policy_loss(
     clip_high: float = 0.2,
     aggregation: LossAggregation = "token-mean",
     denominator: float | None = None,
+    sequence_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """PPO/GRPO clipped surrogate with separate low/high clip ratios (DAPO's clip-higher when high > low).
 
-    logprobs, old_logprobs, mask: [B, L]; advantages: [B] (one per sequence, broadcast over its tokens).
+    logprobs, old_logprobs, mask: [B, L]; advantages: [B] (one per row, broadcast over its tokens) or [B, L]
+    (per token, for packed rows; see :func:`aggregate` for ``sequence_index``).
     loss = -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A), aggregated under ``mask``.
     """
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
-    adv = advantages.unsqueeze(-1).to(logprobs.dtype)
+    adv = (advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)).to(logprobs.dtype)
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
-    loss = aggregate(per_token, mask, aggregation, denominator)
+    loss = aggregate(per_token, mask, aggregation, denominator, sequence_index)
     with torch.no_grad():
         m = mask.to(logprobs.dtype)
         n = m.sum().clamp(min=1)

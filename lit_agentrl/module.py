@@ -42,6 +42,8 @@ class GRPOModule(L.LightningModule):
         normalize_advantage_std: divide advantages by the group's std (GRPO); False is Dr. GRPO.
         mini_batches: optimizer steps per rollout batch (the batch's samples split evenly).
         micro_batch_tokens: token budget of one forward/backward (rows x padded length).
+        sequence_packing: pack several sequences into one row (positions restart per sequence), so training
+            pays for almost no padding; checked against unpacked forwards when the model loads.
         grad_clip: max gradient norm (None: no clipping; the norm is still reported).
         rollout_temperature: the sampling temperature; log-probs are computed at the same temperature.
         param_dtype: ``float32``, or ``bfloat16`` for mixed precision (fp32 master weights and reductions).
@@ -64,6 +66,7 @@ class GRPOModule(L.LightningModule):
         normalize_advantage_std: bool = True,
         mini_batches: int = 1,
         micro_batch_tokens: int = 16384,
+        sequence_packing: bool = True,
         grad_clip: float | None = 1.0,
         rollout_temperature: float = 1.0,
         param_dtype: Literal["float32", "bfloat16"] = "float32",
@@ -85,6 +88,8 @@ class GRPOModule(L.LightningModule):
         if self.model is not None:
             return
         self.model = self._load(self.hparams.model_path).train()
+        if self.hparams.sequence_packing:
+            check_packing_support(self.model)
         if self.hparams.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
@@ -125,7 +130,8 @@ class GRPOModule(L.LightningModule):
         for part in split_mini_batches(prepared.samples, self.hparams.mini_batches):
             for key, value in self._optimizer_step(part).items():
                 stats.setdefault(key, []).append(value)
-        logged = {key: sum(v) / len(v) for key, v in stats.items()}
+        # Timings add up over the mini-batches; the training statistics are their means.
+        logged = {key: sum(v) / (1 if key.startswith("time/") else len(v)) for key, v in stats.items()}
         logged["train/filtered_groups"] = float(prepared.num_flat_groups)
         logged["train/skipped_steps"] = float(self.skipped_steps)
         logged["train/lr"] = self.lr_schedulers().get_last_lr()[0]
@@ -138,18 +144,22 @@ class GRPOModule(L.LightningModule):
         optimizer.zero_grad(set_to_none=True)
         n_tokens = max(float(sum(sum(s.loss_mask) for s in samples)), 1.0)
         denominator = n_tokens if self.hparams.loss_aggregation == "token-mean" else max(float(len(samples)), 1.0)
-        plans = plan_micro_batches(samples, self.hparams.micro_batch_tokens)
-        sums: dict[str, float] = {}
+        plans = plan_micro_batches(samples, self.hparams.micro_batch_tokens, self.hparams.sequence_packing)
+        sums: dict[str, float] = {"time/forward_s": 0.0, "time/backward_s": 0.0}
         # Every rank must run as many forward/backward passes as the busiest one (FSDP collectives).
         for i in range(self._max_across_ranks(len(plans))):
+            start = self._clock()
             if i < len(plans):
-                micro = collate([samples[j] for j in plans[i]], self._pad_id(), self.device)
+                micro = collate([[samples[j] for j in row] for row in plans[i]], self._pad_id(), self.device)
                 loss, micro_stats = self._micro_loss(micro, denominator)
             else:
                 loss, micro_stats = self._dummy_loss(), {}
+            middle = self._clock()
             self.manual_backward(loss)
+            micro_stats["time/forward_s"], micro_stats["time/backward_s"] = middle - start, self._clock() - middle
             for key, value in micro_stats.items():
                 sums[key] = sums.get(key, 0.0) + value
+        start = self._clock()
         grad_norm = self._clip_gradients()
         if math.isfinite(grad_norm):
             optimizer.step()
@@ -157,24 +167,22 @@ class GRPOModule(L.LightningModule):
         else:
             self.skipped_steps += 1
         optimizer.zero_grad(set_to_none=True)
+        sums["time/optimizer_s"] = self._clock() - start
         # Token-weighted means of the per-token stats; the loss is already normalised by `denominator`.
-        result = {key: value / n_tokens for key, value in sums.items() if key != "train/loss"}
+        result = {key: value / n_tokens for key, value in sums.items() if key.startswith("train/")}
+        result.update({key: value for key, value in sums.items() if key.startswith("time/")})
         result["train/loss"] = sums.get("train/loss", 0.0)
         result["train/grad_norm"] = grad_norm
         return result
 
     def _micro_loss(self, micro: MicroBatch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
         hp = self.hparams
-        logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False).logits
-        with_entropy_grad = hp.entropy_coef > 0
-        out = token_logprobs(logits, micro.targets, hp.rollout_temperature, with_entropy=with_entropy_grad)
+        logits = self.model(**micro.model_inputs()).logits
+        out = token_logprobs(logits, micro.targets, hp.rollout_temperature, with_entropy=True, entropy_grad=hp.entropy_coef > 0)
         entropy = out.entropy
-        if entropy is None:
-            with torch.no_grad():
-                entropy = token_logprobs(logits.detach(), micro.targets, hp.rollout_temperature, with_entropy=True).entropy
         loss, pstats = clipped_policy_loss(
             out.logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
-            hp.clip_ratio_low, hp.clip_ratio_high, hp.loss_aggregation, denominator,
+            hp.clip_ratio_low, hp.clip_ratio_high, hp.loss_aggregation, denominator, micro.sequence_index,
         )
         n_tokens = float(micro.loss_mask.sum())
         stats = {
@@ -184,13 +192,13 @@ class GRPOModule(L.LightningModule):
             "train/approx_kl": float(pstats.approx_kl) * n_tokens,
         }
         if hp.entropy_coef > 0:
-            loss = loss - hp.entropy_coef * aggregate(entropy, micro.loss_mask, hp.loss_aggregation, denominator)
+            loss = loss - hp.entropy_coef * aggregate(entropy, micro.loss_mask, hp.loss_aggregation, denominator, micro.sequence_index)
         if self.reference is not None:
             with torch.no_grad():
-                ref_logits = self.reference(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False).logits
+                ref_logits = self.reference(**micro.model_inputs()).logits
                 ref = token_logprobs(ref_logits, micro.targets, hp.rollout_temperature).logprobs
             kl = kl_to_reference(out.logprobs, ref)
-            loss = loss + hp.kl_coef * aggregate(kl, micro.loss_mask, hp.loss_aggregation, denominator)
+            loss = loss + hp.kl_coef * aggregate(kl, micro.loss_mask, hp.loss_aggregation, denominator, micro.sequence_index)
             stats["train/kl"] = float((kl.detach() * micro.loss_mask).sum())
         stats["train/loss"] = float(loss.detach())
         return loss, stats
@@ -210,6 +218,12 @@ class GRPOModule(L.LightningModule):
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         return float(norm)
+
+    def _clock(self) -> float:
+        """Wall time after the device's queued work is done, so per-phase timings are honest on GPUs."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _max_across_ranks(self, value: int) -> int:
         if self.trainer.world_size == 1 or not dist.is_initialized():
@@ -244,6 +258,24 @@ class GRPOModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get("grpo_skipped_steps", 0))
+
+
+def check_packing_support(model: torch.nn.Module) -> None:
+    """Raise ``ValueError`` unless ``model`` keeps sequences packed into one row apart (by their position ids).
+
+    Two short sequences go through the model packed into one row and one at a time; their logits must agree.
+    """
+    first, second = [3, 5, 7, 9, 11], [4, 6, 8]
+    with torch.no_grad():
+        packed = model(
+            input_ids=torch.tensor([first + second]), position_ids=torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]]), use_cache=False
+        ).logits[0]
+        alone = [model(input_ids=torch.tensor([ids]), use_cache=False).logits[0] for ids in (first, second)]
+    if not torch.allclose(packed, torch.cat(alone), atol=1e-3, rtol=1e-3):
+        raise ValueError(
+            f"{type(model).__name__} lets packed sequences attend to each other (it ignores restarting position ids); "
+            "set model.sequence_packing: false"
+        )
 
 
 def _fully_shard(model: torch.nn.Module, mesh: Any, param_dtype: str) -> None:

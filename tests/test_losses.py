@@ -172,6 +172,21 @@ def test_token_logprobs_entropy_none_without_flag():
     assert token_logprobs(_logits_123(), TARGETS, with_entropy=False).entropy is None
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_entropy_gradient_matches_categorical_and_detached_entropy_has_none(temperature):
+    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    targets = torch.tensor([[0, 4, 2], [1, 1, 3]])
+    live = token_logprobs(logits, targets, temperature, with_entropy=True)
+    detached = token_logprobs(logits, targets, temperature, with_entropy=True, entropy_grad=False)
+    assert live.entropy.requires_grad and not detached.entropy.requires_grad
+    torch.testing.assert_close(live.entropy, detached.entropy)
+    torch.testing.assert_close(live.logprobs, detached.logprobs)
+    (grad,) = torch.autograd.grad(live.entropy.sum(), logits)
+    expected = torch.distributions.Categorical(logits=logits / temperature).entropy().sum()
+    (expected_grad,) = torch.autograd.grad(expected, logits)
+    torch.testing.assert_close(grad, expected_grad)
+
+
 def test_token_logprobs_float32_from_bfloat16():
     # 1, 2 and 3 are exact in bfloat16, so the float32 result matches the hand-computed values
     out = token_logprobs(_logits_123(torch.bfloat16), TARGETS, with_entropy=True)

@@ -127,9 +127,11 @@ class RolloutCallback(Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         self._prepare_engines(trainer, pl_module)
         self._reseed(trainer, "train")
-        start = time.perf_counter()
+        start, busy = time.perf_counter(), self._engine_busy_seconds()
         batch.rollout = self.manager.generate(batch.rows, self.n_samples, self.sampling_params)
         seconds = time.perf_counter() - start
+        if busy is not None:
+            pl_module.log("time/generation_s", self._engine_busy_seconds() - busy, on_step=True, batch_size=1)
         if self.colocate:  # the training step gets the memory; SGLang needs an idle engine for this
             for engine in self.engines:
                 engine.release_memory_occupation(tags=["kv_cache", "weights"])
@@ -155,6 +157,11 @@ class RolloutCallback(Callback):
         self._prepare_engines(trainer, pl_module)
         self._reseed(trainer, f"val-{batch_idx}")
         batch.rollout = self.manager.generate(batch.rows, self.val_n_samples, self.val_sampling_params)
+
+    def _engine_busy_seconds(self) -> float | None:
+        """Model compute of the in-process engines so far (None when they do not count it, as SGLang's)."""
+        counts = [engine.busy_seconds for engine in self.engines if hasattr(engine, "busy_seconds")]
+        return sum(counts) if counts else None
 
     def _reseed(self, trainer: L.Trainer, phase: str) -> None:
         """Sampling streams keyed by (seed, rank, step, phase): a resumed run samples what an unbroken one would."""

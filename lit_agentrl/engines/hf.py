@@ -97,6 +97,7 @@ class TransformersEngine:
         self.max_admission_wait_s = max_admission_wait_s
         self.seed = seed
         self._requests_submitted = 0  # with ``seed``, determines every request's sampling stream
+        self.busy_seconds = 0.0  # model compute so far (prefills, decode steps, sampling), for the step breakdown
         self._waiting: queue.Queue[_Request | None] = queue.Queue()
         self._step_lock = threading.Lock()  # held for each model step and for each weight update
         self._stopped = False
@@ -238,10 +239,12 @@ class TransformersEngine:
             admitted = [pending.popleft() for _ in range(min(room, len(pending)))]
             try:
                 with self._step_lock, torch.inference_mode():
+                    start = time.perf_counter()
                     if admitted:
                         self._prefill(batch, admitted)
                     if batch.requests:
                         self._decode(batch)
+                    self.busy_seconds += time.perf_counter() - start
             except Exception as exc:  # a model error fails the requests in flight, never the thread
                 log.exception("TransformersEngine step failed")
                 for request in batch.requests + admitted:
