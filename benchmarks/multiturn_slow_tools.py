@@ -1,13 +1,14 @@
 """Multi-turn rollouts with a slow, heavy-tailed tool: the rollout manager vs a lockstep baseline.
 
-Every trajectory makes 3 model turns with a tool call between them. Tool latencies are heavy-tailed, as code
+Every trajectory makes 3 model turns of up to ``--new-tokens`` tokens on the shared 2.5M-parameter Qwen3
+(``benchmarks/shared.py``), with a tool call between them. Tool latencies are heavy-tailed, as code
 sandboxes and search tools behave, and the same for the same (trajectory, turn) on both sides:
 ``--latency bimodal``: 20 ms 90% of the time, 1 s otherwise; ``--latency pareto``: 20 ms x a Pareto(1.2) draw,
 capped at 2 s (median ~36 ms, about 1 call in 100 over 1 s). (a) the rollout manager runs every trajectory as its own LangGraph task;
 (b) the lockstep baseline runs each turn for the whole batch together and waits for the batch's slowest
 tool before the next turn, as batch-synchronous trainers do. Same engine, same chat model, same prompts.
 
-    python benchmarks/multiturn_slow_tools.py --threads 2
+    python benchmarks/multiturn_slow_tools.py --threads 1 --latency pareto
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from lit_agentrl.agents import AgentGraph, ChatModel, register
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.models.tiny import save_tiny_model
 from lit_agentrl.rollout.manager import RolloutManager
+from shared import SHARED_MODEL
 
 TURNS = 3
-PARAMS = {"max_new_tokens": 24, "temperature": 1.0, "ignore_eos": True}
+PARAMS = {"max_new_tokens": 64, "temperature": 1.0, "ignore_eos": True}
 
 
 LATENCY = "pareto"
@@ -100,7 +102,8 @@ async def lockstep(chat: ChatModel, rows: list[dict], n: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens per model turn")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
@@ -108,9 +111,10 @@ def main() -> None:
     args = parser.parse_args()
     global LATENCY
     LATENCY = args.latency
+    PARAMS["max_new_tokens"] = args.new_tokens
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        path = str(save_tiny_model(tmp))
+        path = str(save_tiny_model(tmp, SHARED_MODEL))
         tokenizer = AutoTokenizer.from_pretrained(path)
         engine = TransformersEngine(path)
         rows = [{"agent_name": "slow_tool_benchmark_agent", "row_id": i, "prompt": [{"role": "user", "content": f"task {i}"}]}
@@ -134,7 +138,8 @@ def main() -> None:
                 timings["lockstep baseline"].append(stepped)
         engine.shutdown()
     slow = sum(tool_latency(r, s, t) > 0.5 for r in range(args.prompts) for s in range(args.samples) for t in range(1, TURNS))
-    print(f"{args.latency} latency: {args.prompts} prompts x {args.samples} samples, {TURNS} model turns, {slow} tool calls over 0.5 s of "
+    print(f"{args.latency} latency: {args.prompts} prompts x {args.samples} samples, {TURNS} model turns of {args.new_tokens} tokens, "
+          f"{slow} tool calls over 0.5 s of "
           f"{args.prompts * args.samples * (TURNS - 1)}, {args.threads} threads, median of {args.repeats}")
     medians = {k: statistics.median(v) for k, v in timings.items()}
     for name, seconds in medians.items():

@@ -1,6 +1,7 @@
-"""lit-agentrl vs TRL's ``GRPOTrainer``: the same GRPO work, side by side, seconds per step.
+"""lit-agentrl vs TRL's ``GRPOTrainer`` and vs the compute floor: the same GRPO work, seconds per step.
 
-Both sides train one locally built Qwen3 (hidden 256 x 4 layers, BPE tokenizer with a ChatML template) on
+Both sides train one locally built Qwen3 (2.5M parameters: hidden 256 x 4 layers, BPE tokenizer with a
+ChatML template, ``benchmarks/shared.py``) on
 the same 64 synthetic chat prompts: 8 prompts x 8 samples per step, up to 64 new tokens, temperature 1,
 one optimizer step per rollout, no KL (TRL ``beta=0.0``), the same learning rate (constant, AdamW,
 gradient clipping 1.0), a length reward computed by the same function, ``OMP_NUM_THREADS`` equal, CPU.
@@ -11,14 +12,18 @@ Scenarios:
   variable  completions end on a fixed set of stop token ids (plus ``<|im_end|>``), so lengths vary widely
             (ours: ``stop_token_ids``; TRL: the model's ``generation_config.eos_token_id``).
 
-Each framework runs in its own subprocess (ours: ``lit-agentrl fit --config <generated yaml>`` with the
-``single_turn`` agent; TRL: this file with ``--worker trl``), interleaved A B A B over ``--rounds`` rounds.
+Each side runs in its own subprocess, interleaved A B C over ``--rounds`` rounds: A is ours
+(``lit-agentrl fit --config <generated yaml>`` with the ``single_turn`` agent), B is TRL (this file with
+``--worker trl``), C is the compute floor of A's own steps (``compute_floor.py``: one batched generation of
+exactly the token counts each step produced, one forward/backward/AdamW over exactly its tokens, no padding).
 A wall clock is taken at the end of every step (ours: a Lightning callback; TRL: a ``TrainerCallback`` at
-``on_step_end``); the first ``--warmup`` steps of every run are dropped. Reported: median seconds per step
-and the ratio TRL / ours, plus our per-step breakdown (rollout / train / sync / other) from the CSV metrics.
+``on_step_end``); the first ``--warmup`` steps of every run are dropped. Reported: median seconds per step,
+ours / TRL and ours / floor, and our per-step breakdown from the CSV metrics: rollout (engine compute, and
+the rest: agents, rewards, scheduling), forward (log-probs and loss), backward, optimizer, weight sync, and
+other (the wall time left over) as a fraction of the step.
 
     pip install torch==2.13.0 -e ".[bench]"   # TRL 1.16 (CPU, no vLLM); leaves the other versions as they are
-    python benchmarks/vs_trl.py --steps 8 --threads 2 --scenarios uniform,variable
+    python benchmarks/vs_trl.py --threads 1
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from compute_floor import measure as measure_floor
 from lit_agentrl.rewards import register_reward
+from shared import SHARED_MODEL
 
 REWARD_NAME = "vs_trl_length"
 N_PROMPTS = 64
@@ -69,10 +76,11 @@ def _lightning_clock():
     from lightning.pytorch.callbacks import Callback
 
     class StepClock(Callback):
-        """Writes the wall-clock time at the start of training and at the end of every step to ``out``."""
+        """Writes the wall-clock time at the start of training and at the end of every step to ``out``, and
+        every step's trajectories (prompt and token ids) to ``steps`` for the compute floor."""
 
-        def __init__(self, out: str) -> None:
-            self.out, self.times = out, []
+        def __init__(self, out: str, steps: str) -> None:
+            self.out, self.steps, self.times = out, steps, []
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.times = [time.perf_counter()]
@@ -80,6 +88,10 @@ def _lightning_clock():
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             self.times.append(time.perf_counter())
             Path(self.out).write_text(json.dumps(self.times))
+            ok = [t for t in batch.rollout.trajectories if not t.failed]
+            record = {"prompt_ids": [t.prompt_ids for t in ok], "token_ids": [t.all_token_ids for t in ok]}
+            with open(self.steps, "a") as f:
+                f.write(json.dumps(record) + "\n")
 
     return StepClock
 
@@ -115,7 +127,7 @@ def run_ours(model_dir: Path, work: Path, scenario: str, steps: int, lr: float, 
             "callbacks": [
                 {"class_path": "lit_agentrl.callbacks.RolloutCallback",
                  "init_args": {"n_samples": N_SAMPLES, "sampling_params": sampling, "check_template_drift": False}},
-                {"class_path": "vs_trl.StepClock", "init_args": {"out": str(clock)}},
+                {"class_path": "vs_trl.StepClock", "init_args": {"out": str(clock), "steps": str(work / "steps.jsonl")}},
             ],
         },
         "model": {"model_path": str(model_dir), "lr": lr, "kl_coef": 0.0, "grad_clip": 1.0},
@@ -179,22 +191,31 @@ def step_seconds(clock: Path, warmup: int) -> list[float]:
     return [b - a for a, b in zip(times, times[1:])][warmup:]
 
 
+BREAKDOWN = {  # our per-step phases: CSV metric(s)
+    "generation": ("time/generation_s",),
+    "agents": ("time/rollout_s", "-time/generation_s"),
+    "forward": ("time/forward_s",),
+    "backward": ("time/backward_s",),
+    "optimizer": ("time/optimizer_s",),
+    "sync": ("time/sync_s",),
+}
+
+
 def our_breakdown(work: Path, walls: list[float], warmup: int) -> dict[str, list[float]]:
-    """Per measured step: rollout, train, sync from the CSV; other = wall - their sum."""
+    """Per measured step, seconds of each phase in :data:`BREAKDOWN`, and other = the wall time left over."""
     path = next(work.glob("csv/version_*/metrics.csv"))
     by_step: dict[int, dict[str, float]] = {}
     with open(path) as f:
         for row in csv.DictReader(f):
             entry = by_step.setdefault(int(row["step"]), {})
-            for key in ("time/rollout_s", "time/train_s", "time/sync_s", "rollout/response_length_mean"):
-                if row.get(key):
-                    entry[key] = float(row[key])
+            entry.update({k: float(v) for k, v in row.items() if v and (k.startswith("time/") or k.startswith("rollout/"))})
     steps = [by_step[k] for k in sorted(by_step)][warmup : warmup + len(walls)]
-    out: dict[str, list[float]] = {"rollout": [], "train": [], "sync": [], "other": [], "length": []}
-    for wall, s in zip(walls, steps):
-        out["length"].append(s.get("rollout/response_length_mean", float("nan")))
-        r, t, y = s.get("time/rollout_s", 0.0), s.get("time/train_s", 0.0), s.get("time/sync_s", 0.0)
-        out["rollout"].append(r), out["train"].append(t), out["sync"].append(y), out["other"].append(wall - r - t - y)
+    out: dict[str, list[float]] = {key: [] for key in [*BREAKDOWN, "other", "length"]}
+    for wall, metrics in zip(walls, steps):
+        for key, terms in BREAKDOWN.items():
+            out[key].append(sum(-metrics[t[1:]] if t[0] == "-" else metrics[t] for t in terms))
+        out["other"].append(wall - sum(out[key][-1] for key in BREAKDOWN))
+        out["length"].append(metrics["rollout/response_length_mean"])
     return out
 
 
@@ -202,13 +223,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="steps per run (the first --warmup are dropped)")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2, help="A B rounds per scenario")
-    parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for both sides")
+    parser.add_argument("--rounds", type=int, default=2, help="A B C rounds per scenario")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS for every side")
     parser.add_argument("--scenarios", default="uniform,variable")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-trl", action="store_true", help="only ours and the floor (no TRL installed)")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temporary one)")
-    parser.add_argument("--worker", choices=["trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["trl", "floor"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--scenario", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -217,60 +239,81 @@ def main() -> None:
     if args.worker == "trl":
         trl_worker(args)
         return
+    if args.worker == "floor":  # in its own process, like the other two sides
+        floors = measure_floor(args.model, str(Path(args.work, "steps.jsonl")), args.threads, args.lr)
+        Path(args.clock).write_text(json.dumps(floors[args.warmup :]))
+        return
 
-    from lit_agentrl.models.tiny import TinyModelConfig, save_tiny_model
+    from lit_agentrl.models.tiny import save_tiny_model
 
     root = Path(args.workdir or tempfile.mkdtemp(prefix="vs_trl-"))
-    model_dir = save_tiny_model(root / "model", TinyModelConfig(
-        hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-    ))
+    model_dir = save_tiny_model(root / "model", SHARED_MODEL)
     here = Path(__file__).resolve().parent
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
                TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])))
-    cli = [shutil.which("lit-agentrl") or ""] if shutil.which("lit-agentrl") else [sys.executable, "-c", "from lit_agentrl.cli import main; main()"]
+    cli = [shutil.which("lit-agentrl")] if shutil.which("lit-agentrl") else [sys.executable, "-c", "from lit_agentrl.cli import main; main()"]
+    sides = ("ours", "floor") if args.no_trl else ("ours", "trl", "floor")
     results: dict[str, dict[str, Any]] = {}
     for scenario in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
-        res = results[scenario] = {"ours": [], "trl": [], "trl_length": [],
-                                   "breakdown": {"rollout": [], "train": [], "sync": [], "other": [], "length": []}}
+        res = results[scenario] = {"ours": [], "trl": [], "floor": [], "trl_length": [], "floor_parts": [],
+                                   "breakdown": {k: [] for k in [*BREAKDOWN, "other", "length"]}}
         for rnd in range(args.rounds):
-            for side in ("ours", "trl"):
-                work = root / f"{scenario}-{side}-{rnd}"
+            for side in sides:
+                work = root / f"{scenario}-{'ours' if side == 'floor' else side}-{rnd}"  # the floor reads ours' steps
                 work.mkdir(parents=True, exist_ok=True)
-                clock = work / "clock.json"
+                clock = work / ("floor.json" if side == "floor" else "clock.json")
                 if side == "ours":
                     config = run_ours(model_dir, work, scenario, args.steps, args.lr, args.seed + rnd, clock)
                     cmd = [*cli, "fit", "--config", str(config)]
                 else:
-                    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "trl", "--model", str(model_dir),
+                    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--model", str(model_dir),
                            "--scenario", scenario, "--work", str(work), "--clock", str(clock), "--steps", str(args.steps),
-                           "--threads", str(args.threads), "--lr", str(args.lr), "--seed", str(args.seed + rnd)]
+                           "--threads", str(args.threads), "--lr", str(args.lr), "--seed", str(args.seed + rnd),
+                           "--warmup", str(args.warmup)]
                 start = time.perf_counter()
                 proc = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True)
                 if proc.returncode != 0:
                     sys.exit(f"{side} ({scenario}, round {rnd}) failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-                walls = step_seconds(clock, args.warmup)
+                if side == "floor":
+                    floors = json.loads(clock.read_text())
+                    walls = [f["total"] for f in floors]
+                    res["floor_parts"] += floors
+                else:
+                    walls = step_seconds(clock, args.warmup)
                 res[side] += walls
                 if side == "ours":
                     for k, v in our_breakdown(work, walls, args.warmup).items():
                         res["breakdown"][k] += v
-                else:
+                elif side == "trl":
                     res["trl_length"] += json.loads((work / "lengths.json").read_text())[args.warmup :]
                 print(f"[{scenario} round {rnd}] {side}: {len(walls)} steps, median {statistics.median(walls):.2f} s/step "
                       f"(process {time.perf_counter() - start:.0f} s)", flush=True)
+    report(results, args)
+    print(f"scratch: {root}")
+
+
+def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    def med(values: list[float]) -> float:
+        return statistics.median(values) if values else float("nan")
 
     print(f"\nthreads={args.threads}, {PROMPTS_PER_STEP} prompts x {N_SAMPLES} samples, <= {NEW_TOKENS} new tokens, "
-          f"warm-up {args.warmup} of {args.steps} steps dropped per run, {args.rounds} rounds A B")
-    print(f"{'scenario':<10} {'ours s/step':>12} {'TRL s/step':>11} {'TRL/ours':>9} {'n':>7} | "
-          f"{'rollout':>8} {'train':>7} {'sync':>6} {'other':>6} | {'tokens ours/TRL':>15}")
+          f"warm-up {args.warmup} of {args.steps} steps dropped per run, {args.rounds} rounds; median s/step")
+    print(f"{'scenario':<9} {'ours':>6} {'TRL':>6} {'floor':>6} {'ours/TRL':>9} {'ours/floor':>11} {'steps':>9} "
+          f"{'tokens ours/TRL':>16}")
     for scenario, res in results.items():
-        ours, trl = statistics.median(res["ours"]), statistics.median(res["trl"])
-        b = {k: statistics.median(v) if v else float("nan") for k, v in res["breakdown"].items() if k != "length"}
-        print(f"{scenario:<10} {ours:>12.2f} {trl:>11.2f} {trl / ours:>9.2f} {len(res['ours']):>3}/{len(res['trl']):<3} | "
-              f"{b['rollout']:>8.2f} {b['train']:>7.2f} {b['sync']:>6.3f} {b['other']:>6.2f} | "
-              f"{statistics.fmean(res['breakdown']['length']):>7.1f}/{statistics.fmean(res['trl_length']):<7.1f}")
-    print("rollout/train/sync/other: our per-step breakdown (median s, from the CSV metrics; other = wall - the three);"
-          " tokens: mean completion length")
-    print(f"scratch: {root}")
+        ours, trl, floor = med(res["ours"]), med(res["trl"]), med(res["floor"])
+        lengths = f"{statistics.fmean(res['breakdown']['length']):.1f}/" + (
+            f"{statistics.fmean(res['trl_length']):.1f}" if res["trl_length"] else "-")
+        print(f"{scenario:<9} {ours:>6.2f} {trl:>6.2f} {floor:>6.2f} {ours / trl:>9.2f} {ours / floor:>11.2f} "
+              f"{len(res['ours']):>3}/{len(res['trl'])}/{len(res['floor'])} {lengths:>16}")
+    print("\nours, per step (median s): rollout = generation (engine compute) + agents (agents, rewards, scheduling)")
+    print(f"{'scenario':<9} " + " ".join(f"{k:>10}" for k in [*BREAKDOWN, "other", "other %"]))
+    for scenario, res in results.items():
+        b = {k: med(v) for k, v in res["breakdown"].items()}
+        share = med([o / w for o, w in zip(res["breakdown"]["other"], res["ours"])]) * 100
+        print(f"{scenario:<9} " + " ".join(f"{b[k]:>10.3f}" for k in [*BREAKDOWN, "other"]) + f" {share:>9.1f}%")
+        floor = {k: med([f[k] for f in res["floor_parts"]]) for k in ("generation", "forward", "backward", "optimizer")}
+        print(f"{'  floor':<9} " + " ".join(f"{floor.get(k, float('nan')):>10.3f}" for k in BREAKDOWN))
 
 
 if __name__ == "__main__":
