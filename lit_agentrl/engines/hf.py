@@ -3,7 +3,9 @@
 Requests from any number of coroutines are served by one scheduler thread that keeps a single running
 batch with a shared KV cache (continuous batching): new requests are prefilled and merged into the
 batch between decode steps, finished rows leave it at once, so they stop costing compute, and the
-asyncio loop that runs the agents is never blocked by model compute.
+asyncio loop that runs the agents is never blocked by model compute. Identical prompts admitted together
+are prefilled once, and a request that extends a finished one (an agent's next turn) prefills only its new
+tokens, from the finished request's KV kept in a :class:`~lit_agentrl.engines.prefix_cache.PrefixCache`.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from typing import Any, Iterable
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from lit_agentrl.engines.base import GenerateResult
+from lit_agentrl.engines.prefix_cache import CachedPrefix, LayerKV, PrefixCache
 from lit_agentrl.engines.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -59,6 +63,8 @@ class TransformersEngine:
             per-request ``sampling_seed`` overrides it), so samples do not depend on batch composition.
         admission_window_s: an idle engine keeps gathering requests while the next one arrives within this.
         max_admission_wait_s: an idle engine starts at most this long after its first request arrived.
+        prefix_cache_mb: memory for finished requests' KV, reused by requests that extend them (0: off).
+            Flushed by every weight update, as SGLang flushes its radix cache.
 
     Logprobs are those of the sampled token under the temperature-scaled distribution (before top-k/top-p
     truncation), which is what the trainer recomputes; greedy requests (temperature 0) use the raw logits.
@@ -79,6 +85,7 @@ class TransformersEngine:
         seed: int = 0,
         admission_window_s: float = 0.002,
         max_admission_wait_s: float = 0.02,
+        prefix_cache_mb: float = 256,
     ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
@@ -96,6 +103,7 @@ class TransformersEngine:
         self.admission_window_s = admission_window_s
         self.max_admission_wait_s = max_admission_wait_s
         self.seed = seed
+        self.prefix_cache = PrefixCache(int(prefix_cache_mb * (1 << 20))) if prefix_cache_mb > 0 else None
         self._requests_submitted = 0  # with ``seed``, determines every request's sampling stream
         self.busy_seconds = 0.0  # model compute so far (prefills, decode steps, sampling), for the step breakdown
         self._waiting: queue.Queue[_Request | None] = queue.Queue()
@@ -153,6 +161,8 @@ class TransformersEngine:
         with self._step_lock, torch.no_grad():
             for name, tensor in pairs:
                 targets[name].copy_(tensor.to(device=self.device, dtype=targets[name].dtype))
+            if flush_cache and self.prefix_cache is not None:
+                self.prefix_cache.clear()
         return True, f"updated {len(pairs)} tensors"
 
     def get_weights_by_name(self, name: str) -> torch.Tensor:
@@ -165,7 +175,10 @@ class TransformersEngine:
         self.seed, self._requests_submitted = seed, 0
 
     def flush_cache(self) -> bool:
-        """No prefix cache is kept between requests, so there is nothing to flush."""
+        """Drop every kept prefix (their KV was computed by the weights before an update)."""
+        if self.prefix_cache is not None:
+            with self._step_lock:
+                self.prefix_cache.clear()
         return True
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
@@ -281,24 +294,54 @@ class TransformersEngine:
             return True
 
     def _prefill(self, batch: "_RunningBatch", admitted: list[_Request]) -> None:
-        width = max(len(r.input_ids) for r in admitted)
-        ids = torch.full((len(admitted), width), 0, dtype=torch.long)
-        mask = torch.zeros((len(admitted), width), dtype=torch.long)
-        for row, request in enumerate(admitted):
-            ids[row, width - len(request.input_ids) :] = torch.tensor(request.input_ids)
-            mask[row, width - len(request.input_ids) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        """Prefill the admitted prompts into the running batch: each distinct prompt once, after its cached prefix."""
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(r.input_ids), len(distinct)) for r in admitted]
+        prompts = [list(ids) for ids in distinct]
+        cached = [self.prefix_cache.pop_longest_prefix(p) if self.prefix_cache is not None else None for p in prompts]
+        cache, mask, logits = self._forward_prompts(prompts, cached)
+        if len(prompts) < len(admitted):  # copies of one prompt share its prefill
+            index = torch.tensor(rows, device=self.device)
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+            mask, logits = mask.index_select(0, index), logits.index_select(0, index)
+        batch.merge(admitted, cache, mask)
+        self._sample_and_finish(batch, logits, rows=range(len(batch.requests) - len(admitted), len(batch.requests)))
+
+    def _forward_prompts(
+        self, prompts: list[list[int]], cached: list[CachedPrefix | None]
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """One forward over the prompts' uncached tokens; returns the KV cache, its mask and last logits.
+
+        Row layout: [padding, cached prefix | padding, new tokens], the cached part left-padded to the longest
+        prefix and the new part to the longest remainder; padding is masked out, positions count real tokens.
+        """
+        past = max((c.length for c in cached if c is not None), default=0)
+        news = [p[c.length :] if c is not None else p for p, c in zip(prompts, cached)]
+        width = max(map(len, news))
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        positions = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), past + width), dtype=torch.long)
+        for row, (new, hit) in enumerate(zip(news, cached)):
+            reused = hit.length if hit is not None else 0
+            ids[row, width - len(new) :] = torch.tensor(new)
+            positions[row, width - len(new) :] = torch.arange(reused, reused + len(new))
+            mask[row, past - reused : past] = 1
+            mask[row, past + width - len(new) :] = 1
+        cache = _growing_cache()
+        if past:
+            for index, layer in enumerate(_stack_prefixes(cached, past, self.device)):
+                cache.update(*layer, index)
+        mask = mask.to(self.device)
         logits = self.model(
             input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
+            attention_mask=mask,
             position_ids=positions.to(self.device),
             **{self._cache_kwarg: cache},
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1, :]
-        batch.merge(admitted, cache, mask.to(self.device))
-        self._sample_and_finish(batch, logits, rows=range(len(batch.requests) - len(admitted), len(batch.requests)))
+        return cache, mask, logits
 
     def _decode(self, batch: "_RunningBatch") -> None:
         last = torch.tensor([[r.output_ids[-1]] for r in batch.requests], device=self.device)
@@ -323,6 +366,8 @@ class TransformersEngine:
             request.logprobs.append(logprob)
             reason = self._finish_reason(request, token)
             if reason is not None:
+                if self.prefix_cache is not None:  # every token fed so far: the prompt and all but the last output
+                    self.prefix_cache.store(request.input_ids + request.output_ids[:-1], batch.row_kv(row))
                 request.future.set_result(self._result(request, reason))
                 finished_rows.append(row)
         if finished_rows:
@@ -371,6 +416,11 @@ class _RunningBatch:
         self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)], dim=0)
         self.requests.extend(requests)
 
+    def row_kv(self, row: int) -> list[LayerKV]:
+        """One row's keys and values over its real (unmasked) tokens, per layer: [kv_heads, T, head_dim]."""
+        columns = self.mask[row].nonzero().squeeze(-1)
+        return [(layer.keys[row].index_select(1, columns), layer.values[row].index_select(1, columns)) for layer in self.cache.layers]
+
     def drop(self, rows: list[int]) -> None:
         keep = [i for i in range(len(self.requests)) if i not in set(rows)]
         self.requests = [self.requests[i] for i in keep]
@@ -385,6 +435,68 @@ class _RunningBatch:
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(0, index)[:, :, first:]
             layer.values = layer.values.index_select(0, index)[:, :, first:]
+
+
+class _GrowingLayer(DynamicLayer):
+    """A KV cache layer that writes each step into spare room instead of concatenating.
+
+    ``DynamicLayer`` copies the whole cache at every decode step (``torch.cat``), which costs as much as the
+    attention itself on long rows. Here ``keys``/``values`` are views into larger buffers, so a step writes
+    only its new tokens; whenever the running batch replaces the tensors (rows joining or leaving), the next
+    update moves them into a fresh buffer with room to grow.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
+        used, new = self.keys.shape[-2], key_states.shape[-2]
+        if not self._owns_room_for(used + new):
+            room = used + new + max(64, (used + new) // 2)
+            self._key_buffer = self._grown(self.keys, room)
+            self._value_buffer = self._grown(self.values, room)
+        self._key_buffer[:, :, used : used + new] = key_states
+        self._value_buffer[:, :, used : used + new] = value_states
+        self.keys, self.values = self._key_buffer[:, :, : used + new], self._value_buffer[:, :, : used + new]
+        return self.keys, self.values
+
+    def _owns_room_for(self, length: int) -> bool:
+        buffer = self._key_buffer
+        return (
+            buffer is not None
+            and buffer.shape[-2] >= length
+            and self.keys.data_ptr() == buffer.data_ptr()
+            and self.values.data_ptr() == self._value_buffer.data_ptr()
+            and self.keys.shape[0] == buffer.shape[0]
+        )
+
+    @staticmethod
+    def _grown(t: torch.Tensor, room: int) -> torch.Tensor:
+        buffer = t.new_empty((t.shape[0], t.shape[1], room, t.shape[3]))
+        buffer[:, :, : t.shape[-2]] = t
+        return buffer
+
+
+def _growing_cache() -> DynamicCache:
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = _GrowingLayer
+    return cache
+
+
+def _stack_prefixes(cached: list[CachedPrefix | None], width: int, device: torch.device) -> list[LayerKV]:
+    """Per layer, the rows' cached keys and values left-padded with zeros to ``width``: [B, kv_heads, width, d]."""
+    template = next(c for c in cached if c is not None).kv
+    layers = []
+    for index, (keys, values) in enumerate(template):
+        empty = keys.new_zeros((keys.shape[0], 0, keys.shape[2]))
+        parts = [(c.kv[index] if c is not None else (empty, empty)) for c in cached]
+        layers.append(tuple(torch.stack([_left_pad(t[i], width, 1) for t in parts]).to(device) for i in (0, 1)))
+    return layers
 
 
 def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
