@@ -104,6 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per model turn")
+    parser.add_argument("--prefix-cache-mb", type=float, default=256, help="the engine's prefix cache (0: off)")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
@@ -116,7 +117,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = str(save_tiny_model(tmp, SHARED_MODEL))
         tokenizer = AutoTokenizer.from_pretrained(path)
-        engine = TransformersEngine(path)
+        engine = TransformersEngine(path, prefix_cache_mb=args.prefix_cache_mb)
         rows = [{"agent_name": "slow_tool_benchmark_agent", "row_id": i, "prompt": [{"role": "user", "content": f"task {i}"}]}
                 for i in range(args.prompts)]
         manager = RolloutManager([engine], tokenizer, check_template_drift=False)
@@ -142,7 +143,7 @@ def main() -> None:
         engine.shutdown()
     slow = sum(tool_latency(r, s, t) > 0.5 for r in range(args.prompts) for s in range(args.samples) for t in range(1, TURNS))
     print(f"{args.latency} latency: {args.prompts} prompts x {args.samples} samples, {TURNS} model turns of {args.new_tokens} tokens, "
-          f"{slow} tool calls over 0.5 s of "
+          f"prefix cache {args.prefix_cache_mb:g} MB, {slow} tool calls over 0.5 s of "
           f"{args.prompts * args.samples * (TURNS - 1)}, {args.threads} threads, median of {args.repeats}")
     medians = {k: statistics.median(v) for k, v in timings.items()}
     for name, seconds in medians.items():
