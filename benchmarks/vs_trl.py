@@ -193,7 +193,8 @@ def step_seconds(clock: Path, warmup: int) -> list[float]:
 
 BREAKDOWN = {  # our per-step phases: CSV metric(s)
     "generation": ("time/generation_s",),
-    "agents": ("time/rollout_s", "-time/generation_s"),
+    "reward": ("time/reward_s",),
+    "agents": ("time/rollout_s", "-time/generation_s", "-time/reward_s"),
     "forward": ("time/forward_s",),
     "backward": ("time/backward_s",),
     "optimizer": ("time/optimizer_s",),
@@ -306,7 +307,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
             f"{statistics.fmean(res['trl_length']):.1f}" if res["trl_length"] else "-")
         print(f"{scenario:<9} {ours:>6.2f} {trl:>6.2f} {floor:>6.2f} {ours / trl:>9.2f} {ours / floor:>11.2f} "
               f"{len(res['ours']):>3}/{len(res['trl'])}/{len(res['floor'])} {lengths:>16}")
-    print("\nours, per step (median s): rollout = generation (engine compute) + agents (agents, rewards, scheduling)")
+    print("\nours, per step (median s): rollout = generation (engine compute) + reward + agents (graphs, templates, scheduling)")
     print(f"{'scenario':<9} " + " ".join(f"{k:>10}" for k in [*BREAKDOWN, "other", "other %"]))
     for scenario, res in results.items():
         b = {k: med(v) for k, v in res["breakdown"].items()}

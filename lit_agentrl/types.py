@@ -57,6 +57,8 @@ class RolloutStats:
     num_turns_mean: float = 0.0
     tool_calls_mean: float = 0.0
     seconds: float = 0.0
+    reward_seconds: float = 0.0
+    """Time spent in reward functions (they run on the event loop, one after another)."""
     generated_tokens: int = 0
     template_drift: int = 0
     """Token positions, summed over trajectories, where accumulated ids differ from the re-rendered template."""

@@ -142,6 +142,7 @@ class RolloutCallback(Callback):
         pl_module.log_dict(metrics, on_step=True, batch_size=1)
         pl_module.log("rollout/reward", metrics["rollout/reward_mean"], on_step=True, prog_bar=True, logger=False, batch_size=1)
         pl_module.log("time/rollout_s", seconds, on_step=True, prog_bar=True, batch_size=1)
+        pl_module.log("time/reward_s", batch.rollout.stats.reward_seconds, on_step=True, batch_size=1)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         start = time.perf_counter()

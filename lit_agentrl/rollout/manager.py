@@ -68,6 +68,7 @@ class RolloutManager:
         self.check_template_drift = check_template_drift
         self._graphs: dict[tuple[str, str | None, int], AgentGraph] = {}
         self._outstanding = [0] * len(self.engines)
+        self._reward_seconds = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ entry points
@@ -90,14 +91,16 @@ class RolloutManager:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
         SamplingParams.from_dict(sampling_params)  # fail before any trajectory starts
         semaphores = [asyncio.Semaphore(self.max_inflight_per_engine) for _ in self.engines]
-        start = time.perf_counter()
+        start, self._reward_seconds = time.perf_counter(), 0.0
         tasks = [
             self._run_one(row, group, sample, dict(sampling_params), semaphores)
             for group, row in enumerate(rows)
             for sample in range(n_samples)
         ]
         trajectories = list(await asyncio.gather(*tasks))
-        return RolloutBatch(trajectories, summarize(trajectories, time.perf_counter() - start))
+        stats = summarize(trajectories, time.perf_counter() - start)
+        stats.reward_seconds = self._reward_seconds
+        return RolloutBatch(trajectories, stats)
 
     def close(self) -> None:
         """Close the manager's event loop (engines, and their loops, are owned and shut down by the caller)."""
@@ -131,7 +134,11 @@ class RolloutManager:
                 if not isinstance(output, AgentGraphOutput):
                     raise TypeError(f"{type(graph).__name__}.run returned {type(output).__name__}, not AgentGraphOutput")
                 check_output(output)
-                reward = self._reward(output, row, kwargs["ground_truth"])
+                reward_start = time.perf_counter()
+                try:
+                    reward = self._reward(output, row, kwargs["ground_truth"])
+                finally:
+                    self._reward_seconds += _since(reward_start)
         except asyncio.TimeoutError:
             reason = f"timeout: trajectory exceeded {self.trajectory_timeout_s}s"
             return Trajectory(group, sample, agent_name, failed=True, failure_reason=reason, seconds=_since(start))

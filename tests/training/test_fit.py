@@ -20,7 +20,7 @@ DOCUMENTED_STEP_KEYS = {
     "rollout/reward_mean", "rollout/reward_std", "rollout/response_length_mean", "rollout/num_turns_mean",
     "rollout/failed", "train/loss", "train/entropy", "train/clip_frac", "train/grad_norm",
     "time/rollout_s", "time/train_s", "time/sync_s", "time/generation_s", "time/forward_s", "time/backward_s",
-    "time/optimizer_s",
+    "time/optimizer_s", "time/reward_s",
 }
 
 
@@ -35,7 +35,7 @@ def test_fit_logs_documented_metrics_and_validates(tmp_path, quickstart_model_di
     assert float(step_rows[0]["rollout/failed"]) == 0.0
     for row in step_rows:  # the phases nest inside the step's rollout and update times
         t = {key: float(row[key]) for key in DOCUMENTED_STEP_KEYS if key.startswith("time/")}
-        assert 0 < t["time/generation_s"] <= t["time/rollout_s"]
+        assert 0 < t["time/generation_s"] <= t["time/rollout_s"] and 0 < t["time/reward_s"] <= t["time/rollout_s"]
         assert 0 < t["time/forward_s"] + t["time/backward_s"] + t["time/optimizer_s"] <= t["time/train_s"]
     val = [float(r["val/accuracy"]) for r in rows if r.get("val/accuracy")]
     assert len(val) == 2 and all(0.0 <= v <= 1.0 for v in val)
