@@ -117,10 +117,6 @@ class MicroBatch(NamedTuple):
     advantages: torch.Tensor  # each token carries its sequence's advantage
     sequence_index: torch.Tensor  # long: the token's sequence within the micro-batch, -1 for padding
 
-    @property
-    def num_sequences(self) -> int:
-        return int(self.sequence_index.max()) + 1
-
     def model_inputs(self) -> dict[str, Any]:
         """Forward arguments; without a KV cache, since transformers looks for packed rows only then."""
         return {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False}
