@@ -76,22 +76,24 @@ def _lightning_clock():
     from lightning.pytorch.callbacks import Callback
 
     class StepClock(Callback):
-        """Writes the wall-clock time at the start of training and at the end of every step to ``out``, and
-        every step's trajectories (prompt and token ids) to ``steps`` for the compute floor."""
+        """Records the wall-clock time at the start of training and at the end of every step, and every step's
+        trajectories (prompt and token ids) for the compute floor; writes both to ``out`` and ``steps`` at the
+        end, so no file I/O lands inside a timed step."""
 
         def __init__(self, out: str, steps: str) -> None:
-            self.out, self.steps, self.times = out, steps, []
+            self.out, self.steps, self.times, self.records = out, steps, [], []
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.times = [time.perf_counter()]
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             self.times.append(time.perf_counter())
-            Path(self.out).write_text(json.dumps(self.times))
             ok = [t for t in batch.rollout.trajectories if not t.failed]
-            record = {"prompt_ids": [t.prompt_ids for t in ok], "token_ids": [t.all_token_ids for t in ok]}
-            with open(self.steps, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            self.records.append({"prompt_ids": [t.prompt_ids for t in ok], "token_ids": [t.all_token_ids for t in ok]})
+
+        def on_train_end(self, trainer, pl_module) -> None:
+            Path(self.out).write_text(json.dumps(self.times))
+            Path(self.steps).write_text("".join(json.dumps(record) + "\n" for record in self.records))
 
     return StepClock
 
