@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from typing import Sequence
 
 import torch
+import torch.distributed as dist
 from torchmetrics import MeanMetric, SumMetric
 
-from lit_agentrl.types import Trajectory
+from lit_agentrl.types import AGENT_METRICS_FIELD, Trajectory
 
 
 class RolloutMetrics(torch.nn.Module):
@@ -59,7 +61,31 @@ class RolloutMetrics(torch.nn.Module):
             "rollout/trajectories": float(self.total.compute()),
             "rollout/template_drift": float(self.drift.compute()),
             "rollout/tokens_per_s": float(self.tokens_per_s.compute()),
+            **agent_metrics(ok),
         }
+
+
+def agent_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """``agent/<agent_name>/<name>``: each agent-reported number averaged over the trajectories reporting it, all ranks.
+
+    A trajectory may report a number only when it applies (say, success on turn 2 only for games that reached
+    turn 2), so each key has its own count. Ranks may see different keys, hence one gather of the sums.
+    """
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for t in trajectories:
+        for name, value in (t.extra_fields.get(AGENT_METRICS_FIELD) or {}).items():
+            entry = sums[f"agent/{t.agent_name}/{name}"]
+            entry[0] += float(value)
+            entry[1] += 1.0
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[dict[str, list[float]]] = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(gathered, dict(sums))
+        sums = defaultdict(lambda: [0.0, 0.0])
+        for part in gathered:
+            for key, (total, count) in part.items():
+                sums[key][0] += total
+                sums[key][1] += count
+    return {key: total / count for key, (total, count) in sorted(sums.items())}
 
 
 def _finite(value: torch.Tensor) -> float:

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+AGENT_METRICS_FIELD = "metrics"
+"""``extra_fields["metrics"]``: numbers an agent reports per trajectory (name -> float), logged as ``agent/<agent>/<name>``."""
+
+
 @dataclass
 class Trajectory:
     """One sampled trajectory of one prompt row. Token lists are per trajectory (unpadded).

@@ -7,6 +7,7 @@ counts overlap freely, so a slow tool call or a long answer never holds up the r
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 from collections import Counter
@@ -19,7 +20,7 @@ from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.rewards import resolve_reward_fn
 from lit_agentrl.rows import agent_run_kwargs
-from lit_agentrl.types import RolloutBatch, RolloutStats, Trajectory
+from lit_agentrl.types import AGENT_METRICS_FIELD, RolloutBatch, RolloutStats, Trajectory
 
 
 class RolloutManager:
@@ -184,6 +185,11 @@ def check_output(output: AgentGraphOutput) -> None:
         raise ValueError("all_token_ids must start with prompt_ids, which carry loss_mask 0")
     if output.response_logprobs is not None and len(output.response_logprobs) != n - p:
         raise ValueError(f"response_logprobs has {len(output.response_logprobs)} entries for {n - p} response tokens")
+    metrics = output.extra_fields.get(AGENT_METRICS_FIELD, {})
+    if not isinstance(metrics, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and math.isfinite(v) for k, v in metrics.items()
+    ):
+        raise ValueError(f"extra_fields[{AGENT_METRICS_FIELD!r}] must map metric names to finite numbers, got {metrics!r}")
 
 
 def _to_trajectory(
