@@ -10,7 +10,7 @@ engine produced, never re-tokenized from text, and ``response_metadata`` carries
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.base import LanguageModelInput
@@ -127,11 +127,15 @@ class ChatModel(BaseChatModel):
     def render_ids(self, messages: list[dict], tools: Optional[list[dict]], add_generation_prompt: bool) -> list[int]:
         """Token ids of ``messages`` through the chat template (cached: GRPO renders each prompt n times)."""
         key = json.dumps([messages, tools, add_generation_prompt], sort_keys=True, default=str)
+        return self._cached(key, lambda: self._render_ids(messages, tools, add_generation_prompt))
+
+    def _cached(self, key: str, render: Callable[[], list[int]]) -> list[int]:
+        """A copy of the ids cached under ``key``, rendered on a miss (bounded, oldest evicted first)."""
         cached = self._prompt_cache.get(key)
         if cached is None:
             if len(self._prompt_cache) >= _PROMPT_CACHE_SIZE:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
-            cached = self._prompt_cache[key] = self._render_ids(messages, tools, add_generation_prompt)
+            cached = self._prompt_cache[key] = render()
         return list(cached)
 
     def _render_ids(self, messages: list[dict], tools: Optional[list[dict]], add_generation_prompt: bool) -> list[int]:
@@ -145,8 +149,11 @@ class ChatModel(BaseChatModel):
 
         The suffix starts with the template's end-of-turn token; when the model already generated it (its
         stop token), it is not repeated. A turn cut by ``max_new_tokens`` gets it from the suffix instead.
+        Rendered once per distinct (messages, tools): environments repeat their answers across trajectories.
         """
-        return encode_turn_suffix(self.tokenizer, new_messages, tools, last_output_ids, self.chat_template_kwargs)
+        key = json.dumps(["suffix", new_messages, tools], sort_keys=True, default=str)
+        suffix = self._cached(key, lambda: render_turn_suffix(self.tokenizer, new_messages, tools, self.chat_template_kwargs))
+        return drop_repeated_end(suffix, last_output_ids)
 
     # ------------------------------------------------------------------ decoding
 
@@ -190,6 +197,23 @@ class ChatModel(BaseChatModel):
         )
 
 
+def render_turn_suffix(
+    tokenizer: Any, new_messages: list[dict], tools: Optional[list[dict]], chat_template_kwargs: dict[str, Any]
+) -> list[int]:
+    """Ids the chat template renders after an assistant turn's text when ``new_messages`` follow it."""
+    context = [{"role": "user", "content": "."}, {"role": "assistant", "content": _TURN_MARKER}]
+    text = tokenizer.apply_chat_template(
+        context + list(new_messages), tools=tools, tokenize=False, add_generation_prompt=True, **chat_template_kwargs
+    )
+    suffix_text = text[text.rindex(_TURN_MARKER) + len(_TURN_MARKER) :]
+    return tokenizer.encode(suffix_text, add_special_tokens=False)
+
+
+def drop_repeated_end(suffix: list[int], last_output_ids: list[int]) -> list[int]:
+    """``suffix`` without its first token when the model's turn already ended with it (its stop token)."""
+    return suffix[1:] if suffix and last_output_ids and last_output_ids[-1] == suffix[0] else suffix
+
+
 def encode_turn_suffix(
     tokenizer: Any,
     new_messages: list[dict],
@@ -197,16 +221,8 @@ def encode_turn_suffix(
     last_output_ids: list[int],
     chat_template_kwargs: dict[str, Any],
 ) -> list[int]:
-    """See :meth:`ChatModel.encode_suffix`; shared with the template-drift check."""
-    context = [{"role": "user", "content": "."}, {"role": "assistant", "content": _TURN_MARKER}]
-    text = tokenizer.apply_chat_template(
-        context + list(new_messages), tools=tools, tokenize=False, add_generation_prompt=True, **chat_template_kwargs
-    )
-    suffix_text = text[text.rindex(_TURN_MARKER) + len(_TURN_MARKER) :]
-    suffix = tokenizer.encode(suffix_text, add_special_tokens=False)
-    if suffix and last_output_ids and last_output_ids[-1] == suffix[0]:
-        suffix = suffix[1:]
-    return suffix
+    """:meth:`ChatModel.encode_suffix` without its cache."""
+    return drop_repeated_end(render_turn_suffix(tokenizer, new_messages, tools, chat_template_kwargs), last_output_ids)
 
 
 CustomChatModel = ChatModel
