@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import time
@@ -114,6 +115,11 @@ class RolloutCallback(Callback):
             check_template_drift=self.check_template_drift,
         )
         self.metrics.to(pl_module.device)
+        # Everything loaded so far (torch, transformers, LangGraph, the models) lives for the whole run: keep it out
+        # of the garbage collector's full passes, which otherwise rescan it during every rollout's agent work
+        # (measured: 0.3-0.5 s of a 128-trajectory multi-turn rollout). Unfrozen at teardown, so it can be freed.
+        gc.collect()
+        gc.freeze()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.manager is not None:
@@ -121,6 +127,7 @@ class RolloutCallback(Callback):
         for engine in self.engines:
             engine.shutdown()
         self.engines, self.manager = [], None
+        gc.unfreeze()
 
     # ------------------------------------------------------------------ training
 
