@@ -17,8 +17,8 @@ AGENT_CONFIGS = sorted((REPO_ROOT / "configs" / "agents").glob("*.yaml"))
 
 
 def test_there_are_configs():
-    assert {p.name for p in RUN_CONFIGS} >= {"quickstart.yaml", "qwen3_8b_math_agent.yaml"}
-    assert {p.name for p in AGENT_CONFIGS} >= {"math_eval.yaml", "single_turn.yaml"}
+    assert {p.name for p in RUN_CONFIGS} >= {"quickstart.yaml", "quickstart_multiturn.yaml", "qwen3_8b_math_agent.yaml"}
+    assert {p.name for p in AGENT_CONFIGS} >= {"math_eval.yaml", "single_turn.yaml", "guess_digit.yaml"}
 
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)

@@ -2,12 +2,14 @@
 
 The row's ``secret`` is a digit. Each model turn is a guess (the first digit the model writes); the environment
 answers as a user turn, ``higher``, ``lower`` or ``found`` (``?`` when the turn held no digit). The game ends
-when the digit is found or after ``max_guesses`` guesses, and the agent scores itself: 1.0 if found, else 0.0.
+when the digit is found or after ``max_guesses`` guesses, and the agent scores itself: 1.0 if found, plus
+``feedback_credit`` for each later guess that agrees with every answer so far (a shaped reward, like the
+single-turn quickstart's format credit: it pays for reading the answers before the model can find digits with them).
 
 Guessing blindly finds about 0.27 of the digits in 3 guesses; halving the range with the feedback finds 0.7, so
 a reward above the blind rate can only come from reading what the environment said in earlier turns.
 
-Agent YAML keys (all optional): ``max_guesses`` (default 3).
+Agent YAML keys (all optional): ``max_guesses`` (default 3), ``feedback_credit`` (default 0: found only).
 """
 
 from __future__ import annotations

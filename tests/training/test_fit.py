@@ -41,6 +41,25 @@ def test_fit_logs_documented_metrics_and_validates(tmp_path, quickstart_model_di
     assert len(val) == 2 and all(0.0 <= v <= 1.0 for v in val)
 
 
+def test_multiturn_quickstart_config_plays_whole_games(tmp_path, quickstart_model_dir, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)  # the shipped config names its data and agent YAML from the project root
+    main([
+        "fit", "--config", "configs/quickstart_multiturn.yaml", "--model.model_path", str(quickstart_model_dir),
+        "--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false",
+        "--trainer.logger.init_args.save_dir", str(tmp_path),
+    ])
+    rows = read_csv(next(tmp_path.rglob("metrics.csv")))
+    steps = [r for r in rows if r.get("rollout/reward_mean")]
+    assert len(steps) == 3
+    for row in steps:
+        assert float(row["rollout/failed"]) == 0.0
+        assert 1.0 <= float(row["rollout/response_length_mean"]) <= 3.0  # one token per guess, at most 3 guesses
+        assert float(row["rollout/num_turns_mean"]) > 3.0  # most blind games run to a second and third guess
+        for turn in (1, 2, 3):
+            assert 0.0 <= float(row[f"agent/guess_digit/found_turn_{turn}"]) <= 1.0
+    assert [r for r in rows if r.get("val/accuracy")]
+
+
 def test_wandb_offline_keeps_every_file_in_the_run_folder(tmp_path, quickstart_model_dir, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
