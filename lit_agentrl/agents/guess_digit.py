@@ -3,8 +3,9 @@
 The row's ``secret`` is a digit. Each model turn is a guess (the first digit the model writes); the environment
 answers as a user turn, ``higher``, ``lower`` or ``found`` (``?`` when the turn held no digit). The game ends
 when the digit is found or after ``max_guesses`` guesses, and the agent scores itself: 1.0 if found, plus
-``feedback_credit`` for each later guess that agrees with every answer so far (a shaped reward, like the
-single-turn quickstart's format credit: it pays for reading the answers before the model can find digits with them).
+``feedback_credit`` times how well the guesses stayed inside the range the answers left (:func:`narrowing_score`;
+a shaped reward, like the single-turn quickstart's format credit: it pays for reading the answers before the model
+can find digits with them).
 
 Guessing blindly finds about 0.27 of the digits in 3 guesses; halving the range with the feedback finds 0.7, so
 a reward above the blind rate can only come from reading what the environment said in earlier turns.
@@ -52,20 +53,25 @@ def parse_guess(text: str) -> int | None:
     return int(match.group()) if match else None
 
 
-def consistent_guesses(guesses: Sequence[int | None], secret: int) -> int:
-    """How many guesses after the first lie where every earlier answer said the digit could be."""
-    low, high, count = 0, 9, 0
-    for turn, guess in enumerate(guesses):
-        if turn and guess is not None and low <= guess <= high:
-            count += 1
+def narrowing_score(guesses: Sequence[int | None], secret: int) -> float:
+    """How well the guesses used the answers: for each guess inside the range the earlier answers left, the
+    share of the ten digits those answers ruled out (0 before any ``higher``/``lower``).
+
+    Halving the range pays most; a first guess at 0 or 9 rules out one digit and makes the next guesses worth
+    little, and a turn wasted on no digit rules out nothing, so neither buys easy credit.
+    """
+    low, high, score = 0, 9, 0.0
+    for guess in guesses:
+        if guess is not None and low <= guess <= high:
+            score += 1.0 - (high - low + 1) / 10
         if guess is not None and guess != secret:
             low, high = (max(low, guess + 1), high) if secret > guess else (low, min(high, guess - 1))
-    return count
+    return score
 
 
 def game_reward(guesses: Sequence[int | None], secret: int, feedback_credit: float = 0.0) -> float:
-    """1.0 if a guess found the secret, plus ``feedback_credit`` for each later guess consistent with the answers."""
-    return float(secret in guesses) + feedback_credit * consistent_guesses(guesses, secret)
+    """1.0 if a guess found the secret, plus ``feedback_credit`` times the :func:`narrowing_score`."""
+    return float(secret in guesses) + feedback_credit * narrowing_score(guesses, secret)
 
 
 @register("guess_digit")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lit_agentrl.agents.guess_digit import GuessDigitAgentGraph, consistent_guesses, feedback, game_reward
+from lit_agentrl.agents.guess_digit import GuessDigitAgentGraph, narrowing_score, feedback, game_reward
 from lit_agentrl.metrics import agent_metrics
 from lit_agentrl.rollout.manager import check_output
 from lit_agentrl.types import Trajectory
@@ -52,22 +52,23 @@ async def test_a_row_without_a_digit_secret_is_refused_naming_the_field(scripted
 
 
 @pytest.mark.parametrize(
-    "guesses, consistent",
-    [([5, 7, 6], 2), ([5, 2, 8], 1), ([5, None, 9], 1), ([5, 3], 0), ([6], 0), ([4, 7, 5], 2)],
+    "guesses, score",
+    [([5, 7, 6], 0.6 + 0.9), ([5, 2, 8], 0.6), ([5, None, 9], 0.6), ([5, 3], 0.0), ([6], 0.0),
+     ([None, 3, 8], 0.4), ([None, None, 8], 0.0), ([0, 9, 6], 0.1 + 0.2)],
 )
-def test_consistent_guesses_follow_every_earlier_answer(guesses, consistent):
-    assert consistent_guesses(guesses, secret=6) == consistent
+def test_narrowing_score_pays_for_guesses_inside_a_range_the_answers_narrowed(guesses, score):
+    assert narrowing_score(guesses, secret=6) == pytest.approx(score)
 
 
 def test_feedback_credit_adds_to_the_found_reward():
     assert game_reward([5, 7, 6], 6) == 1.0
-    assert game_reward([5, 7, 6], 6, feedback_credit=0.1) == pytest.approx(1.2)
-    assert game_reward([4, 7, 5], 6, feedback_credit=0.1) == pytest.approx(0.2)
+    assert game_reward([5, 7, 6], 6, feedback_credit=0.2) == pytest.approx(1.3)
+    assert game_reward([4, 7, 5], 6, feedback_credit=0.2) == pytest.approx(0.2 * (0.5 + 0.8))
 
 
 async def test_the_agent_scores_with_its_feedback_credit(scripted_engine_factory):
-    out = await agent_for(scripted_engine_factory(["4", "7", "5"]), feedback_credit=0.1).run(PROMPT, PARAMS, secret=6)
-    assert out.reward_score == pytest.approx(0.2)
+    out = await agent_for(scripted_engine_factory(["4", "7", "5"]), feedback_credit=0.2).run(PROMPT, PARAMS, secret=6)
+    assert out.reward_score == pytest.approx(0.2 * (0.5 + 0.8))
 
 
 @pytest.mark.parametrize("cfg, message", [({"max_guesses": 0}, "max_guesses must be >= 1"),
