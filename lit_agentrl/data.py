@@ -60,7 +60,7 @@ def row_errors(row: Mapping[str, Any], data_dir: Path, reward_fn: str | None) ->
         errors.append(f"field 'agent_name' must be a string, got {type(agent_name).__name__}")
     else:
         try:
-            get_agent_class(agent_name)
+            errors += get_agent_class(agent_name).row_errors(row)
         except KeyError as exc:
             errors.append(f"field 'agent_name': {exc.args[0]}")
     cfg_path = row.get("agent_cfg_path")

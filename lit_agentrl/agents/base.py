@@ -85,6 +85,15 @@ class AgentGraph(ABC):
     async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:
         """Produce one trajectory for one dataset row."""
 
+    @classmethod
+    def row_errors(cls, row: Mapping[str, Any]) -> list[str]:
+        """What is wrong with a dataset row for this agent, each naming the field; checked for every row at setup.
+
+        Override to check the extra fields ``run`` needs, so bad data fails before the first step, not as failed
+        trajectories in the middle of a run.
+        """
+        return []
+
     def convert_agent_graph_output(self, state: Mapping[str, Any] | Sequence[BaseMessage]) -> AgentGraphOutput:
         """Turn a finished LangGraph state (``{"messages": [...]}``) into an :class:`AgentGraphOutput`.
 

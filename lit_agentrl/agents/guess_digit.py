@@ -16,7 +16,7 @@ Agent YAML keys (all optional): ``max_guesses`` (default 3), ``feedback_credit``
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Sequence, TypedDict
+from typing import Annotated, Any, Mapping, Sequence, TypedDict
 
 from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
@@ -111,11 +111,18 @@ class GuessDigitAgentGraph(AgentGraph):
     async def _answer(self, state: GuessState, config: RunnableConfig) -> dict:
         return {"messages": [HumanMessage(feedback(state["guesses"][-1], config["configurable"]["secret"]))]}
 
+    @classmethod
+    def row_errors(cls, row: Mapping[str, Any]) -> list[str]:
+        problem = _secret_problem(row.get("secret"))
+        return [problem] if problem else []
+
     async def run(
         self, messages: Sequence[Any], sampling_params: dict[str, Any], secret: Any = None, **kwargs: Any
     ) -> AgentGraphOutput:
-        if not (isinstance(secret, int) and 0 <= secret <= 9):
-            raise ValueError(f"agent {self.agent_name!r}: row field 'secret' must be a digit 0-9, got {secret!r}")
+        problem = _secret_problem(secret)
+        if problem:
+            raise ValueError(f"agent {self.agent_name!r}: {problem}")
+        secret = int(secret)
         config = {"configurable": {"sampling_params": sampling_params, "secret": secret}}
         state = await self.graph.ainvoke({"messages": list(messages), "guesses": []}, config=config)
         output = self.convert_agent_graph_output(state)
@@ -124,6 +131,13 @@ class GuessDigitAgentGraph(AgentGraph):
         output.reward_score = game_reward(guesses, secret, self.feedback_credit)
         output.extra_fields.update(guesses=guesses, metrics=turn_metrics(found_at, len(guesses)))
         return output
+
+
+def _secret_problem(secret: Any) -> str | None:
+    # Data loaders turn an integer column into floats when any row holds a float: 4.0 is still the digit 4.
+    if isinstance(secret, (int, float)) and not isinstance(secret, bool) and secret in range(10):
+        return None
+    return f"row field 'secret' must be a digit 0-9 (an integer), got {secret!r}"
 
 
 def turn_metrics(found_at: int, turns: int) -> dict[str, float]:

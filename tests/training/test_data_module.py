@@ -53,6 +53,17 @@ def test_bad_rows_are_named_by_file_row_and_field(tmp_path, change, fragment):
     assert "row 0" not in message
 
 
+@pytest.mark.parametrize("secret", [None, 12, 2.5])
+def test_an_agent_checks_its_own_row_fields_at_setup(tmp_path, secret):
+    game = {"agent_name": "guess_digit", "prompt": [{"role": "user", "content": "guess"}], "secret": 4}
+    path = write_jsonl(tmp_path / "train.jsonl", [game, {**game, "secret": secret}])
+    with pytest.raises(ValueError) as info:
+        load_and_validate([str(path)], reward_fn=None)
+    message = str(info.value)
+    assert f"{path}, row 1: row field 'secret' must be a digit 0-9 (an integer), got {secret!r}" in message, message
+    assert "row 0" not in message  # 4 stays a digit even where the loader made the column float
+
+
 def test_row_without_prompt_field(tmp_path):
     row = {k: v for k, v in GOOD.items() if k != "prompt"}
     path = write_jsonl(tmp_path / "train.jsonl", [row])
