@@ -69,9 +69,14 @@ def narrowing_score(guesses: Sequence[int | None], secret: int) -> float:
     return score
 
 
+MAX_CREDIT = 0.9
+"""The shaped part of the reward stays below a found digit's 1.0, so ``val/accuracy`` (reward >= 1) counts finds only."""
+
+
 def game_reward(guesses: Sequence[int | None], secret: int, feedback_credit: float = 0.0) -> float:
-    """1.0 if a guess found the secret, plus ``feedback_credit`` times the :func:`narrowing_score`."""
-    return float(secret in guesses) + feedback_credit * narrowing_score(guesses, secret)
+    """1.0 if a guess found the secret, plus ``feedback_credit`` times the :func:`narrowing_score` (at most
+    :data:`MAX_CREDIT`)."""
+    return float(secret in guesses) + min(feedback_credit * narrowing_score(guesses, secret), MAX_CREDIT)
 
 
 @register("guess_digit")

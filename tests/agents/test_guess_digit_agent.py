@@ -64,6 +64,8 @@ def test_feedback_credit_adds_to_the_found_reward():
     assert game_reward([5, 7, 6], 6) == 1.0
     assert game_reward([5, 7, 6], 6, feedback_credit=0.2) == pytest.approx(1.3)
     assert game_reward([4, 7, 5], 6, feedback_credit=0.2) == pytest.approx(0.2 * (0.5 + 0.8))
+    # However many guesses, a game that never finds the digit stays below the 1.0 that val/accuracy counts.
+    assert game_reward([4, 7, 5, 5, 5, 5, 5], 6, feedback_credit=0.9) == pytest.approx(0.9)
 
 
 async def test_the_agent_scores_with_its_feedback_credit(scripted_engine_factory):
