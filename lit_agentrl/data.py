@@ -60,9 +60,11 @@ def row_errors(row: Mapping[str, Any], data_dir: Path, reward_fn: str | None) ->
         errors.append(f"field 'agent_name' must be a string, got {type(agent_name).__name__}")
     else:
         try:
-            errors += get_agent_class(agent_name).row_errors(row)
+            agent_class = get_agent_class(agent_name)
         except KeyError as exc:
             errors.append(f"field 'agent_name': {exc.args[0]}")
+        else:  # the agent's own checks of the fields it needs (AgentGraph.row_errors)
+            errors += getattr(agent_class, "row_errors", lambda row: [])(row)
     cfg_path = row.get("agent_cfg_path")
     if cfg_path and not isinstance(cfg_path, str):
         errors.append(f"field 'agent_cfg_path' must be a path string, got {type(cfg_path).__name__}")
