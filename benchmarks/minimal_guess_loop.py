@@ -22,7 +22,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lit_agentrl.agents.chat_model import encode_turn_suffix
+from lit_agentrl.agents.chat_model import ChatModel
 from lit_agentrl.agents.guess_digit import feedback, game_reward, parse_guess
 
 
@@ -72,7 +72,7 @@ def play(model, tok, games: list[Game], args, rng: torch.Generator) -> None:
                 continue
             answer = feedback(guess, g.secret)
             if args.format == "chat":
-                suffix = encode_turn_suffix(tok, [{"role": "user", "content": answer}], None, out, {"enable_thinking": False})
+                suffix = args.chat.encode_suffix([{"role": "user", "content": answer}], None, out)
             else:
                 suffix = tok.encode(answer, add_special_tokens=False)
             g.ids += suffix
@@ -127,10 +127,10 @@ def main() -> None:
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).train()
+    args.chat = ChatModel(model="minimal-loop", llm=None, tokenizer=tok)  # renders turns exactly as the agent's does
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.0)
     if args.format == "chat":
-        text = tok.apply_chat_template([{"role": "user", "content": "guess"}], tokenize=False, add_generation_prompt=True, enable_thinking=False)
-        prompt = tok.encode(text, add_special_tokens=False)
+        prompt = args.chat.render_ids([{"role": "user", "content": "guess"}], None, add_generation_prompt=True)
     else:
         prompt = tok.encode("guess", add_special_tokens=False)
     secrets_rng, sample_rng = random.Random(args.seed), torch.Generator().manual_seed(args.seed)

@@ -214,15 +214,4 @@ def drop_repeated_end(suffix: list[int], last_output_ids: list[int]) -> list[int
     return suffix[1:] if suffix and last_output_ids and last_output_ids[-1] == suffix[0] else suffix
 
 
-def encode_turn_suffix(
-    tokenizer: Any,
-    new_messages: list[dict],
-    tools: Optional[list[dict]],
-    last_output_ids: list[int],
-    chat_template_kwargs: dict[str, Any],
-) -> list[int]:
-    """:meth:`ChatModel.encode_suffix` without its cache."""
-    return drop_repeated_end(render_turn_suffix(tokenizer, new_messages, tools, chat_template_kwargs), last_output_ids)
-
-
 CustomChatModel = ChatModel
