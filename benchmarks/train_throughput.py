@@ -20,9 +20,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lit_agentrl.batching import TrainingSample, collate, plan_micro_batches
-from lit_agentrl.losses import clipped_policy_loss, token_logprobs
 from lit_agentrl.models.tiny import save_tiny_model
+from lit_agentrl.objective import Objective, loss_scale, micro_batch_loss
 from shared import SHARED_MODEL
+
+OBJECTIVE = Objective(entropy_coef=0.0)
 
 
 def make_samples(n: int, vocab: int, seed: int = 0) -> list[TrainingSample]:
@@ -46,12 +48,10 @@ def padded_to_longest(samples: list[TrainingSample], pad: int) -> list[TrainingS
 
 
 def step(model, samples: list[TrainingSample], plans: list[list[list[int]]], pad: int) -> None:
-    denominator = float(sum(sum(s.loss_mask) for s in samples))
+    scale = loss_scale(samples)
     for plan in plans:
         micro = collate([[samples[i] for i in row] for row in plan], pad)
-        logits = model(**micro.model_inputs()).logits
-        logprobs = token_logprobs(logits, micro.targets).logprobs
-        loss, _ = clipped_policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask, denominator=denominator)
+        loss, _ = micro_batch_loss(OBJECTIVE, micro, model(**micro.model_inputs()).logits, scale)
         loss.backward()
     model.zero_grad(set_to_none=True)
 

@@ -5,11 +5,10 @@ Shapes in comments: N trajectories in a rollout batch, B sequences in a micro-ba
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
-
-LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 
 
 class GroupAdvantages(NamedTuple):
@@ -74,30 +73,70 @@ class PolicyLossStats(NamedTuple):
     approx_kl: torch.Tensor  # mean of (old - new) log-prob: how far the policy moved from the rollout
 
 
+class LossScale(NamedTuple):
+    """Counts of the whole mini-batch a micro-batch belongs to. Dividing by these instead of the micro-batch's own
+    counts makes the micro-batches' losses add up to the mini-batch's loss, however the samples were split."""
+
+    tokens: float
+    sequences: float
+
+
+Aggregation = Callable[[torch.Tensor, torch.Tensor, LossScale | None, torch.Tensor | None], torch.Tensor]
+"""(values [B, L], float mask [B, L], scale, sequence_index [B, L] or None) -> scalar."""
+
+
+def token_mean(
+    values: torch.Tensor, mask: torch.Tensor, scale: LossScale | None, sequence_index: torch.Tensor | None
+) -> torch.Tensor:
+    """Sum over every trained token / the number of trained tokens."""
+    return (values * mask).sum() / (scale.tokens if scale is not None else mask.sum().clamp(min=1))
+
+
+def seq_mean_token_mean(
+    values: torch.Tensor, mask: torch.Tensor, scale: LossScale | None, sequence_index: torch.Tensor | None
+) -> torch.Tensor:
+    """Mean over each sequence's tokens, then mean over sequences."""
+    sums, tokens = _per_sequence(values * mask, mask, sequence_index)
+    return _over_sequences(sums / tokens.clamp(min=1), scale)
+
+
+def seq_mean_token_sum(
+    values: torch.Tensor, mask: torch.Tensor, scale: LossScale | None, sequence_index: torch.Tensor | None
+) -> torch.Tensor:
+    """Sum over each sequence's tokens, then mean over sequences."""
+    sums, _ = _per_sequence(values * mask, mask, sequence_index)
+    return _over_sequences(sums, scale)
+
+
+AGGREGATIONS: dict[str, Aggregation] = {
+    "token-mean": token_mean,
+    "seq-mean-token-mean": seq_mean_token_mean,
+    "seq-mean-token-sum": seq_mean_token_sum,
+}
+"""``model.loss_aggregation`` names -> functions: a new aggregation is one function and one entry here."""
+
+
 def aggregate(
     values: torch.Tensor,
     mask: torch.Tensor,
-    how: LossAggregation,
-    denominator: float | None = None,
+    how: str,
+    scale: LossScale | None = None,
     sequence_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token ``values`` [B, L] under ``mask`` [B, L].
+    """Reduce per-token ``values`` [B, L] under ``mask`` [B, L] with the aggregation named ``how``.
 
-    token-mean: sum over all tokens / number of tokens (``denominator`` overrides the count, so
-    micro-batches of one mini-batch add up to the mini-batch's mean); seq-mean-token-mean: mean per
-    sequence, then mean over sequences; seq-mean-token-sum: sum per sequence, mean over sequences. For the
-    sequence variants ``denominator`` overrides the number of sequences. A sequence is a row, or, for packed
-    rows, the tokens sharing a ``sequence_index`` [B, L] (-1: padding).
+    ``scale`` (the whole mini-batch's counts) replaces this batch's own token or sequence count. A sequence is
+    a row, or, for packed rows, the tokens sharing a ``sequence_index`` [B, L] (-1: padding).
     """
-    mask = mask.to(values.dtype)
-    if how == "token-mean":
-        return (values * mask).sum() / (denominator if denominator is not None else mask.sum().clamp(min=1))
-    if how not in ("seq-mean-token-mean", "seq-mean-token-sum"):
-        raise ValueError(f"unknown loss aggregation {how!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum")
-    per_seq, tokens = _per_sequence(values * mask, mask, sequence_index)
-    if how == "seq-mean-token-mean":
-        per_seq = per_seq / tokens.clamp(min=1)
-    return per_seq.sum() / (denominator if denominator is not None else max(per_seq.numel(), 1))
+    try:
+        reduce = AGGREGATIONS[how]
+    except KeyError:
+        raise ValueError(f"unknown loss aggregation {how!r}; use one of {', '.join(AGGREGATIONS)}") from None
+    return reduce(values, mask.to(values.dtype), scale, sequence_index)
+
+
+def _over_sequences(per_sequence: torch.Tensor, scale: LossScale | None) -> torch.Tensor:
+    return per_sequence.sum() / (scale.sequences if scale is not None else max(per_sequence.numel(), 1))
 
 
 def _per_sequence(
@@ -120,8 +159,8 @@ def clipped_policy_loss(
     mask: torch.Tensor,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
-    aggregation: LossAggregation = "token-mean",
-    denominator: float | None = None,
+    aggregation: str = "token-mean",
+    scale: LossScale | None = None,
     sequence_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """PPO/GRPO clipped surrogate with separate low/high clip ratios (DAPO's clip-higher when high > low).
@@ -136,7 +175,7 @@ def clipped_policy_loss(
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
-    loss = aggregate(per_token, mask, aggregation, denominator, sequence_index)
+    loss = aggregate(per_token, mask, aggregation, scale, sequence_index)
     with torch.no_grad():
         m = mask.to(logprobs.dtype)
         n = m.sum().clamp(min=1)

@@ -9,19 +9,65 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from lit_agentrl.batching import MicroBatch, TrainingSample, collate, plan_micro_batches, prepare_samples, split_mini_batches
-from lit_agentrl.losses import LossAggregation, aggregate, clipped_policy_loss, kl_to_reference, token_logprobs
+from lit_agentrl.batching import (
+    MicroBatch,
+    TrainingSample,
+    collate,
+    plan_micro_batches,
+    prepare_samples,
+    split_mini_batches,
+)
+from lit_agentrl.dtypes import torch_dtype
+from lit_agentrl.losses import LossScale
+from lit_agentrl.objective import Objective, loss_scale, micro_batch_loss
 from lit_agentrl.types import PromptBatch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+PARAM_DTYPES = ("float32", "bfloat16")
+LR_SCHEDULES = ("constant", "cosine")
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How one rollout becomes optimizer steps (``model.*`` keys, see :class:`GRPOModule`); checked when built."""
+
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    warmup_steps: int
+    lr_schedule: str
+    normalize_advantage_std: bool
+    mini_batches: int
+    micro_batch_tokens: int
+    sequence_packing: bool
+    grad_clip: float | None
+    param_dtype: str
+    gradient_checkpointing: bool
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.lr > 0, f"model.lr must be > 0, got {self.lr}"),
+            (self.warmup_steps >= 0, f"model.warmup_steps must be >= 0, got {self.warmup_steps}"),
+            (self.lr_schedule in LR_SCHEDULES, f"model.lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}"),
+            (self.mini_batches >= 1, f"model.mini_batches must be >= 1, got {self.mini_batches}"),
+            (self.micro_batch_tokens >= 1, f"model.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}"),
+            (self.grad_clip is None or self.grad_clip > 0, f"model.grad_clip must be > 0 or null, got {self.grad_clip}"),
+            (self.param_dtype in PARAM_DTYPES, f"model.param_dtype must be one of {list(PARAM_DTYPES)}, got {self.param_dtype!r}"),
+        ]  # fmt: skip
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
 
 
 class GRPOModule(L.LightningModule):
@@ -38,7 +84,8 @@ class GRPOModule(L.LightningModule):
         clip_ratio_high: PPO clip above (ratio <= 1 + high); > low is DAPO's clip-higher.
         kl_coef: weight of the k3 KL to a frozen copy of the initial policy (0 disables it, and no copy is made).
         entropy_coef: weight of an entropy bonus (0: entropy is reported only).
-        loss_aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum``.
+        loss_aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum`` (any name in
+            :data:`lit_agentrl.losses.AGGREGATIONS`).
         normalize_advantage_std: divide advantages by the group's std (GRPO); False is Dr. GRPO.
         mini_batches: optimizer steps per rollout batch (the batch's samples split evenly).
         micro_batch_tokens: token budget of one forward/backward (rows x padded length).
@@ -62,7 +109,7 @@ class GRPOModule(L.LightningModule):
         clip_ratio_high: float = 0.2,
         kl_coef: float = 0.0,
         entropy_coef: float = 0.0,
-        loss_aggregation: LossAggregation = "token-mean",
+        loss_aggregation: str = "token-mean",
         normalize_advantage_std: bool = True,
         mini_batches: int = 1,
         micro_batch_tokens: int = 16384,
@@ -73,11 +120,18 @@ class GRPOModule(L.LightningModule):
         gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        _check_args(lr, clip_ratio_low, clip_ratio_high, mini_batches, micro_batch_tokens, rollout_temperature, param_dtype, loss_aggregation)
+        self.update = UpdateSettings(
+            lr, weight_decay, (betas[0], betas[1]), warmup_steps, lr_schedule, normalize_advantage_std, mini_batches,
+            micro_batch_tokens, sequence_packing, grad_clip, param_dtype, gradient_checkpointing,
+        )  # fmt: skip
+        self.objective = Objective(
+            clip_ratio_low, clip_ratio_high, kl_coef, entropy_coef, loss_aggregation, temperature=rollout_temperature
+        )
+        self.model_path = model_path
         self.save_hyperparameters()
         self.automatic_optimization = False
-        self.model: torch.nn.Module | None = None
-        self.reference: torch.nn.Module | None = None
+        self.model: PreTrainedModel | None = None
+        self.reference: PreTrainedModel | None = None
         self.skipped_steps = 0
         self.val_accuracy = MeanMetric()
         self.val_reward = MeanMetric()
@@ -87,78 +141,76 @@ class GRPOModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
-        self.model = self._load(self.hparams.model_path).train()
-        if self.hparams.sequence_packing:
-            check_packing_support(self.model)
-        if self.hparams.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-            self.model.config.use_cache = False
-        if self.hparams.kl_coef > 0:
-            self.reference = self._load(self.hparams.model_path).requires_grad_(False).eval()
+        model = self.model = self._load(self.model_path).train()
+        if self.update.sequence_packing:
+            check_packing_support(model)
+        if self.update.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        if self.objective.needs_reference:
+            self.reference = self._load(self.model_path).requires_grad_(False).eval()
         if self.device_mesh is not None:
             for module in (self.model, self.reference):
                 if module is not None:
-                    _fully_shard(module, self.device_mesh["data_parallel"], self.hparams.param_dtype)
+                    _fully_shard(module, self.device_mesh["data_parallel"], self.update.param_dtype)
+
+    @property
+    def policy(self) -> PreTrainedModel:
+        """The policy being trained (loaded by ``configure_model``)."""
+        if self.model is None:
+            raise RuntimeError("the policy is loaded in configure_model(); call it (the Trainer does) first")
+        return self.model
 
     @staticmethod
-    def _load(path: str) -> torch.nn.Module:
+    def _load(path: str) -> PreTrainedModel:
         try:
             return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         except (OSError, ValueError) as exc:
             raise ValueError(f"model.model_path={path!r}: no loadable causal LM there ({exc})") from exc
 
     def configure_optimizers(self) -> Any:
-        hp = self.hparams
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
-        total = max(1, self._total_optimizer_steps())
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(hp.lr_schedule, hp.warmup_steps, total))
+        u = self.update
+        optimizer = torch.optim.AdamW(self.policy.parameters(), lr=u.lr, betas=u.betas, weight_decay=u.weight_decay)
+        factor = _schedule(u.lr_schedule, u.warmup_steps, max(1, self._total_optimizer_steps()))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _total_optimizer_steps(self) -> int:
         if self.trainer.max_steps and self.trainer.max_steps > 0:
             return self.trainer.max_steps
-        return int(self.trainer.estimated_stepping_batches) * self.hparams.mini_batches
+        return int(self.trainer.estimated_stepping_batches) * self.update.mini_batches
+
+    def _optimizer_and_scheduler(self) -> tuple[LightningOptimizer, LRScheduler]:
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        assert isinstance(optimizer, LightningOptimizer) and isinstance(scheduler, LRScheduler)
+        return optimizer, scheduler
 
     # ------------------------------------------------------------------ training
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         if batch.rollout is None:
-            raise RuntimeError("the batch has no rollout: add lit_agentrl.callbacks.RolloutCallback to trainer.callbacks")
+            raise RuntimeError(
+                "the batch has no rollout: add lit_agentrl.callbacks.RolloutCallback to trainer.callbacks"
+            )
         start = time.perf_counter()
-        prepared = prepare_samples(batch.rollout.trajectories, self.hparams.normalize_advantage_std)
+        prepared = prepare_samples(batch.rollout.trajectories, self.update.normalize_advantage_std)
         stats: dict[str, list[float]] = {}
-        for part in split_mini_batches(prepared.samples, self.hparams.mini_batches):
+        for part in split_mini_batches(prepared.samples, self.update.mini_batches):
             for key, value in self._optimizer_step(part).items():
                 stats.setdefault(key, []).append(value)
         # Timings add up over the mini-batches; the training statistics are their means.
         logged = {key: sum(v) / (1 if key.startswith("time/") else len(v)) for key, v in stats.items()}
         logged["train/filtered_groups"] = float(prepared.num_flat_groups)
         logged["train/skipped_steps"] = float(self.skipped_steps)
-        logged["train/lr"] = self.lr_schedulers().get_last_lr()[0]
+        logged["train/lr"] = float(self._optimizer_and_scheduler()[1].get_last_lr()[0])
         self.log_dict(logged, on_step=True, sync_dist=True, batch_size=max(1, len(prepared.samples)))
         self.log("time/train_s", time.perf_counter() - start, on_step=True, prog_bar=True, batch_size=1)
 
     def _optimizer_step(self, samples: list[TrainingSample]) -> dict[str, float]:
-        """Accumulate gradients over the mini-batch's micro-batches, then clip and step (or skip if non-finite)."""
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        """Accumulate the mini-batch's gradients, then clip and step (or skip the step if they are not finite)."""
+        optimizer, scheduler = self._optimizer_and_scheduler()
         optimizer.zero_grad(set_to_none=True)
-        n_tokens = max(float(sum(sum(s.loss_mask) for s in samples)), 1.0)
-        denominator = n_tokens if self.hparams.loss_aggregation == "token-mean" else max(float(len(samples)), 1.0)
-        plans = plan_micro_batches(samples, self.hparams.micro_batch_tokens, self.hparams.sequence_packing)
-        sums: dict[str, float] = {"time/forward_s": 0.0, "time/backward_s": 0.0}
-        # Every rank must run as many forward/backward passes as the busiest one (FSDP collectives).
-        for i in range(self._max_across_ranks(len(plans))):
-            start = self._clock()
-            if i < len(plans):
-                micro = collate([[samples[j] for j in row] for row in plans[i]], self._pad_id(), self.device)
-                loss, micro_stats = self._micro_loss(micro, denominator)
-            else:
-                loss, micro_stats = self._dummy_loss(), {}
-            middle = self._clock()
-            self.manual_backward(loss)
-            micro_stats["time/forward_s"], micro_stats["time/backward_s"] = middle - start, self._clock() - middle
-            for key, value in micro_stats.items():
-                sums[key] = sums.get(key, 0.0) + value
+        result = self.accumulate_gradients(samples, self.manual_backward)
         start = self._clock()
         grad_norm = self._clip_gradients()
         if math.isfinite(grad_norm):
@@ -167,54 +219,60 @@ class GRPOModule(L.LightningModule):
         else:
             self.skipped_steps += 1
         optimizer.zero_grad(set_to_none=True)
-        sums["time/optimizer_s"] = self._clock() - start
-        # Token-weighted means of the per-token stats; the loss is already normalised by `denominator`.
-        result = {key: value / n_tokens for key, value in sums.items() if key.startswith("train/")}
-        result.update({key: value for key, value in sums.items() if key.startswith("time/")})
-        result["train/loss"] = sums.get("train/loss", 0.0)
+        result["time/optimizer_s"] = self._clock() - start
         result["train/grad_norm"] = grad_norm
         return result
 
-    def _micro_loss(self, micro: MicroBatch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
-        hp = self.hparams
-        logits = self.model(**micro.model_inputs()).logits
-        out = token_logprobs(logits, micro.targets, hp.rollout_temperature, with_entropy=True, entropy_grad=hp.entropy_coef > 0)
-        entropy = out.entropy
-        loss, pstats = clipped_policy_loss(
-            out.logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
-            hp.clip_ratio_low, hp.clip_ratio_high, hp.loss_aggregation, denominator, micro.sequence_index,
-        )
-        n_tokens = float(micro.loss_mask.sum())
-        stats = {
-            "train/entropy": float((entropy.detach() * micro.loss_mask).sum()),
-            "train/clip_frac": float(pstats.clip_frac) * n_tokens,
-            "train/ratio_mean": float(pstats.ratio_mean) * n_tokens,
-            "train/approx_kl": float(pstats.approx_kl) * n_tokens,
-        }
-        if hp.entropy_coef > 0:
-            loss = loss - hp.entropy_coef * aggregate(entropy, micro.loss_mask, hp.loss_aggregation, denominator, micro.sequence_index)
+    def accumulate_gradients(
+        self, samples: list[TrainingSample], backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward
+    ) -> dict[str, float]:
+        """Forward and backward over the micro-batches of one mini-batch; returns its statistics.
+
+        The gradients add up to those of one forward over the whole mini-batch (the loss is scaled by the
+        mini-batch's counts). Needs no Trainer: ``backward`` is ``manual_backward`` inside a fit.
+        """
+        scale = loss_scale(samples)
+        plans = plan_micro_batches(samples, self.update.micro_batch_tokens, self.update.sequence_packing)
+        sums: dict[str, float] = {"time/forward_s": 0.0, "time/backward_s": 0.0}
+        # Every rank must run as many forward/backward passes as the busiest one (FSDP collectives).
+        for i in range(self._max_across_ranks(len(plans))):
+            start = self._clock()
+            if i < len(plans):
+                micro = collate([[samples[j] for j in row] for row in plans[i]], self._pad_id(), self.device)
+                loss, micro_stats = self._micro_loss(micro, scale)
+            else:
+                loss, micro_stats = self._dummy_loss(), {}
+            middle = self._clock()
+            backward(loss)
+            micro_stats["time/forward_s"], micro_stats["time/backward_s"] = middle - start, self._clock() - middle
+            for key, value in micro_stats.items():
+                sums[key] = sums.get(key, 0.0) + value
+        # Token-weighted means of the per-token stats; the loss is already normalised by the mini-batch's counts.
+        result = {key: value / scale.tokens for key, value in sums.items() if key.startswith("train/")}
+        result.update({key: value for key, value in sums.items() if key.startswith("time/")})
+        result["train/loss"] = sums.get("train/loss", 0.0)
+        return result
+
+    def _micro_loss(self, micro: MicroBatch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
+        logits = self.policy(**micro.model_inputs()).logits
+        reference_logits = None
         if self.reference is not None:
             with torch.no_grad():
-                ref_logits = self.reference(**micro.model_inputs()).logits
-                ref = token_logprobs(ref_logits, micro.targets, hp.rollout_temperature).logprobs
-            kl = kl_to_reference(out.logprobs, ref)
-            loss = loss + hp.kl_coef * aggregate(kl, micro.loss_mask, hp.loss_aggregation, denominator, micro.sequence_index)
-            stats["train/kl"] = float((kl.detach() * micro.loss_mask).sum())
-        stats["train/loss"] = float(loss.detach())
-        return loss, stats
+                reference_logits = self.reference(**micro.model_inputs()).logits
+        return micro_batch_loss(self.objective, micro, logits, scale, reference_logits)
 
     def _dummy_loss(self) -> torch.Tensor:
         """A zero loss through the whole model, so a rank with no work still joins FSDP's collectives."""
         ids = torch.full((1, 1), self._pad_id(), dtype=torch.long, device=self.device)
-        logits = self.model(input_ids=ids, use_cache=False).logits
+        logits = self.policy(input_ids=ids, use_cache=False).logits
         if self.reference is not None:
             with torch.no_grad():
                 self.reference(input_ids=ids, use_cache=False)
         return logits.sum() * 0.0
 
     def _clip_gradients(self) -> float:
-        max_norm = self.hparams.grad_clip if self.hparams.grad_clip is not None else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        max_norm = self.update.grad_clip if self.update.grad_clip is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         return float(norm)
@@ -226,21 +284,24 @@ class GRPOModule(L.LightningModule):
         return time.perf_counter()
 
     def _max_across_ranks(self, value: int) -> int:
-        if self.trainer.world_size == 1 or not dist.is_initialized():
+        if self._trainer is None or self.trainer.world_size == 1 or not dist.is_initialized():
             return value
         tensor = torch.tensor([value], device=self.device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return int(tensor.item())
 
     def _pad_id(self) -> int:
-        config = self.model.config
-        return int(config.pad_token_id if config.pad_token_id is not None else config.eos_token_id or 0)
+        config = self.policy.config
+        pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+        return int(pad[0] if isinstance(pad, list) else pad or 0)
 
     # ------------------------------------------------------------------ validation
 
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
         if batch.rollout is None:
-            raise RuntimeError("the batch has no rollout: add lit_agentrl.callbacks.RolloutCallback to trainer.callbacks")
+            raise RuntimeError(
+                "the batch has no rollout: add lit_agentrl.callbacks.RolloutCallback to trainer.callbacks"
+            )
         ok = [t for t in batch.rollout.trajectories if not t.failed]
         rewards = torch.tensor([t.reward for t in batch.rollout.trajectories], dtype=torch.float32)
         # A failed trajectory counts as a wrong answer: accuracy is over every attempt.
@@ -275,7 +336,9 @@ def check_packing_support(model: torch.nn.Module) -> None:
             position_ids=torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]], device=device),
             use_cache=False,
         ).logits[0]
-        alone = [model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0] for ids in (first, second)]
+        alone = [
+            model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0] for ids in (first, second)
+        ]
     if not torch.allclose(packed, torch.cat(alone), atol=1e-3, rtol=1e-3):
         raise ValueError(
             f"{type(model).__name__} lets packed sequences attend to each other (it ignores restarting position ids); "
@@ -287,7 +350,7 @@ def _fully_shard(model: torch.nn.Module, mesh: Any, param_dtype: str) -> None:
     """FSDP2: shard every decoder layer, then the root (embeddings, final norm, head)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=_DTYPES[param_dtype], reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=torch_dtype(param_dtype, "model.param_dtype"), reduce_dtype=torch.float32)
     layers = getattr(getattr(model, "model", model), "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no `.model.layers` to shard per decoder layer")
@@ -296,7 +359,13 @@ def _fully_shard(model: torch.nn.Module, mesh: Any, param_dtype: str) -> None:
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def _schedule(kind: str, warmup: int, total: int):
+def _schedule(kind: str, warmup: int, total: int) -> Callable[[int], float]:
+    """LR factor per optimizer step: linear warm-up from 1/warmup, then constant or cosine down to 0.1.
+
+    Not transformers' ``get_cosine_with_min_lr_schedule_with_warmup``: after warm-up its factors are these,
+    but its warm-up starts at 0, so the first optimizer step (a whole rollout's worth) would not move the policy.
+    """
+
     def factor(step: int) -> float:
         if warmup and step < warmup:
             return (step + 1) / warmup
@@ -306,21 +375,3 @@ def _schedule(kind: str, warmup: int, total: int):
         return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
-
-
-def _check_args(
-    lr: float, low: float, high: float, mini_batches: int, micro_tokens: int, temperature: float, dtype: str, agg: str
-) -> None:
-    checks = [
-        (lr > 0, f"model.lr must be > 0, got {lr}"),
-        (0 <= low < 1, f"model.clip_ratio_low must be in [0, 1), got {low}"),
-        (high >= 0, f"model.clip_ratio_high must be >= 0, got {high}"),
-        (mini_batches >= 1, f"model.mini_batches must be >= 1, got {mini_batches}"),
-        (micro_tokens >= 1, f"model.micro_batch_tokens must be >= 1, got {micro_tokens}"),
-        (temperature > 0, f"model.rollout_temperature must be > 0 (training needs sampled rollouts), got {temperature}"),
-        (dtype in _DTYPES, f"model.param_dtype must be one of {sorted(_DTYPES)}, got {dtype!r}"),
-        (agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"), f"model.loss_aggregation {agg!r} is not one of token-mean, seq-mean-token-mean, seq-mean-token-sum"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)

@@ -1,4 +1,7 @@
-"""Micro-batches, packed or one sequence per row, give the loss and gradients of one padded batch."""
+"""Micro-batches, packed or one sequence per row, give the loss and gradients of one padded batch.
+
+The gradients come from ``GRPOModule.accumulate_gradients`` itself, so a change to its recipe (the loss's scale,
+the micro-batch loop) that breaks the equality fails here."""
 
 from __future__ import annotations
 
@@ -6,8 +9,8 @@ import pytest
 import torch
 
 from lit_agentrl.batching import TrainingSample, collate, plan_micro_batches, prepare_samples, split_mini_batches
-from lit_agentrl.losses import clipped_policy_loss, token_logprobs
-from lit_agentrl.module import check_packing_support
+from lit_agentrl.losses import token_logprobs
+from lit_agentrl.module import GRPOModule, check_packing_support
 from lit_agentrl.types import Trajectory
 
 LENGTHS = (5, 40, 9, 23, 31, 7, 12, 3)
@@ -24,25 +27,13 @@ def samples(vocab: int) -> list[TrainingSample]:
     return out
 
 
-def loss_and_grads(model, batch: list[TrainingSample], plans: list[list[list[int]]], aggregation: str):
-    """The module's recipe: micro-batches accumulate into one mini-batch's loss and gradients."""
+def loss_and_grads(model, batch: list[TrainingSample], aggregation: str, budget: int, packing: bool):
+    """GRPOModule's own gradient accumulation over one mini-batch, with the given micro-batch budget."""
+    module = GRPOModule("unused", micro_batch_tokens=budget, sequence_packing=packing, loss_aggregation=aggregation)
+    module.model = model
     model.zero_grad(set_to_none=True)
-    if aggregation == "token-mean":
-        denominator = float(sum(sum(s.loss_mask) for s in batch))
-    else:
-        denominator = float(len(batch))
-    total = 0.0
-    for plan in plans:
-        micro = collate([[batch[i] for i in row] for row in plan], model.config.pad_token_id)
-        logits = model(**micro.model_inputs()).logits
-        logprobs = token_logprobs(logits, micro.targets).logprobs
-        loss, _ = clipped_policy_loss(
-            logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
-            aggregation=aggregation, denominator=denominator, sequence_index=micro.sequence_index,
-        )
-        loss.backward()
-        total += float(loss)
-    return total, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    stats = module.accumulate_gradients(batch)
+    return stats["train/loss"], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 @pytest.fixture()
@@ -61,9 +52,9 @@ def test_micro_batches_match_one_padded_batch(train_model, packing, aggregation)
     assert len(plans) > 1 and sorted(i for p in plans for row in p for i in row) == list(range(len(batch)))
     if packing:
         assert any(len(row) > 1 for p in plans for row in p)
-    one_padded = [[[i] for i in range(len(batch))]]
-    loss_micro, grads_micro = loss_and_grads(train_model, batch, plans, aggregation)
-    loss_one, grads_one = loss_and_grads(train_model, batch, one_padded, aggregation)
+    assert len(plan_micro_batches(batch, token_budget=10**9, packing=False)) == 1
+    loss_micro, grads_micro = loss_and_grads(train_model, batch, aggregation, budget=64, packing=packing)
+    loss_one, grads_one = loss_and_grads(train_model, batch, aggregation, budget=10**9, packing=False)
     assert loss_micro == pytest.approx(loss_one, abs=1e-5)
     assert grads_micro.keys() == grads_one.keys()
     for name, grad in grads_one.items():

@@ -11,7 +11,14 @@ import math
 import pytest
 import torch
 
-from lit_agentrl.losses import aggregate, clipped_policy_loss, grpo_advantages, kl_to_reference, token_logprobs
+from lit_agentrl.losses import (
+    LossScale,
+    aggregate,
+    clipped_policy_loss,
+    grpo_advantages,
+    kl_to_reference,
+    token_logprobs,
+)
 
 EPS = 1e-6  # grpo_advantages' default eps: advantage = centered / (population std + eps)
 
@@ -236,7 +243,7 @@ def test_aggregate_bool_mask_same_as_int_mask():
     assert aggregate(VALUES, bool_mask, "seq-mean-token-sum").item() == pytest.approx(5.0, abs=1e-12)
 
 
-def test_aggregate_token_mean_shared_denominator_adds_up_over_micro_batches():
+def test_aggregate_token_mean_shared_scale_adds_up_over_micro_batches():
     a_values, a_mask = _f64([[1.0, 2.0, 3.0]]), torch.tensor([[1, 1, 0]])  # sum 3 over 2 tokens
     b_values = _f64([[4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
     b_mask = torch.tensor([[1, 1, 1], [0, 0, 1]])  # sum 15 + 9 = 24 over 4 tokens
@@ -244,21 +251,22 @@ def test_aggregate_token_mean_shared_denominator_adds_up_over_micro_batches():
     full = aggregate(torch.cat([a_values, b_values]), torch.cat([a_mask, b_mask]), "token-mean")
     assert full.item() == pytest.approx(4.5, abs=1e-12)
 
-    part_a = aggregate(a_values, a_mask, "token-mean", denominator=6)
-    part_b = aggregate(b_values, b_mask, "token-mean", denominator=6)
+    part_a = aggregate(a_values, a_mask, "token-mean", LossScale(tokens=6, sequences=3))
+    part_b = aggregate(b_values, b_mask, "token-mean", LossScale(tokens=6, sequences=3))
     assert part_a.item() == pytest.approx(0.5, abs=1e-12)  # 3 / 6
     assert part_b.item() == pytest.approx(4.0, abs=1e-12)  # 24 / 6
     assert (part_a + part_b).item() == pytest.approx(4.5, abs=1e-12)
-    # without the shared denominator each micro-batch is its own mean and they do not add up: 1.5 + 6
+    # without the shared scale each micro-batch is its own mean and they do not add up: 1.5 + 6
     own = aggregate(a_values, a_mask, "token-mean") + aggregate(b_values, b_mask, "token-mean")
     assert own.item() == pytest.approx(7.5, abs=1e-12)
 
 
-def test_aggregate_sequence_variants_denominator_overrides_sequence_count():
+def test_aggregate_sequence_variants_scale_overrides_sequence_count():
+    scale = LossScale(tokens=99, sequences=4)  # the token count must not matter here
     # row sums 6 and 4 over 4 sequences of the whole mini-batch
-    assert aggregate(VALUES, RAGGED, "seq-mean-token-sum", denominator=4).item() == pytest.approx(2.5, abs=1e-12)
+    assert aggregate(VALUES, RAGGED, "seq-mean-token-sum", scale).item() == pytest.approx(2.5, abs=1e-12)
     # row means 2 and 4 over 4 sequences
-    assert aggregate(VALUES, RAGGED, "seq-mean-token-mean", denominator=4).item() == pytest.approx(1.5, abs=1e-12)
+    assert aggregate(VALUES, RAGGED, "seq-mean-token-mean", scale).item() == pytest.approx(1.5, abs=1e-12)
 
 
 def test_aggregate_unknown_raises_value_error_naming_options():
@@ -417,7 +425,7 @@ def test_clipped_loss_stats_are_token_means_over_batch():
     assert stats.clip_frac.item() == pytest.approx(3 / 4)  # the three r = 2 tokens with A > 0
 
 
-def test_clipped_loss_aggregation_and_denominator_pass_through():
+def test_clipped_loss_aggregation_and_scale_pass_through():
     # r = 1 everywhere, A = 2 and -1: per-token loss -2, -2, -2 (row 0) and 1 (row 1)
     old = torch.zeros(2, 3, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
@@ -426,7 +434,7 @@ def test_clipped_loss_aggregation_and_denominator_pass_through():
     assert loss.item() == pytest.approx((-2.0 + 1.0) / 2, abs=1e-12)
     loss, _ = clipped_policy_loss(old, old, adv, mask, aggregation="seq-mean-token-sum")
     assert loss.item() == pytest.approx((-6.0 + 1.0) / 2, abs=1e-12)
-    loss, _ = clipped_policy_loss(old, old, adv, mask, aggregation="token-mean", denominator=10)
+    loss, _ = clipped_policy_loss(old, old, adv, mask, aggregation="token-mean", scale=LossScale(10, 1))
     assert loss.item() == pytest.approx((-6.0 + 1.0) / 10, abs=1e-12)
 
 

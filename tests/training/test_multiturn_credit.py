@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lit_agentrl.module as module_file
+import lit_agentrl.objective as objective_file
 from lit_agentrl.agents.guess_digit import GuessDigitAgentGraph
 from lit_agentrl.batching import TrainingSample, collate, plan_micro_batches, prepare_samples
 from lit_agentrl.losses import token_logprobs
@@ -56,13 +56,13 @@ def logprob_grads(module: GRPOModule, samples: list[TrainingSample], plans, monk
         seen.append(out.logprobs)
         return out
 
-    monkeypatch.setattr(module_file, "token_logprobs", spy)
-    denominator = float(sum(sum(s.loss_mask) for s in samples))
+    monkeypatch.setattr(objective_file, "token_logprobs", spy)
+    scale = objective_file.loss_scale(samples)
     grads: dict[int, torch.Tensor] = {}
     for plan in plans:
         order = [i for row in plan for i in row]
         micro = collate([[samples[i] for i in row] for row in plan], module.model.config.pad_token_id)
-        loss, _ = module._micro_loss(micro, denominator)
+        loss, _ = module._micro_loss(micro, scale)
         loss.backward()
         for k, index in enumerate(order):  # sequence k of the micro-batch is samples[index], tokens in order
             grads[index] = seen[-1].grad[micro.sequence_index == k]

@@ -1,0 +1,122 @@
+"""The GRPO objective: its settings, validated once, and the loss of one micro-batch from its logits.
+
+:class:`Objective` holds what shapes the loss (clip range, KL and entropy weights, aggregation, temperature);
+:func:`micro_batch_loss` turns a micro-batch's logits (and the reference model's) into the loss and its
+statistics. ``GRPOModule`` calls it for every micro-batch; tests call it without a Trainer.
+
+A new variant is one function plus one config value: a loss aggregation is a function registered in
+:data:`lit_agentrl.losses.AGGREGATIONS` and named by ``model.loss_aggregation``; a new term is a field here
+and a few lines in :func:`micro_batch_loss`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lit_agentrl.batching import MicroBatch, TrainingSample
+from lit_agentrl.losses import AGGREGATIONS, LossScale, aggregate, clipped_policy_loss, kl_to_reference, token_logprobs
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Settings of the GRPO loss. Field names are the ``model.*`` config keys (``temperature`` is
+    ``model.rollout_temperature``); every value is checked here, so a bad one fails when the module is built.
+
+    Args:
+        clip_ratio_low: PPO clip below (ratio >= 1 - low).
+        clip_ratio_high: PPO clip above (ratio <= 1 + high); > low is DAPO's clip-higher.
+        kl_coef: weight of the k3 KL to a frozen reference policy (0: no reference).
+        entropy_coef: weight of an entropy bonus (0: entropy is reported, not optimised).
+        loss_aggregation: a name in :data:`~lit_agentrl.losses.AGGREGATIONS`.
+        temperature: the sampling temperature; log-probs are computed at it.
+    """
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    loss_aggregation: str = "token-mean"
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (0 <= self.clip_ratio_low < 1, f"model.clip_ratio_low must be in [0, 1), got {self.clip_ratio_low}"),
+            (self.clip_ratio_high >= 0, f"model.clip_ratio_high must be >= 0, got {self.clip_ratio_high}"),
+            (self.kl_coef >= 0, f"model.kl_coef must be >= 0, got {self.kl_coef}"),
+            (self.entropy_coef >= 0, f"model.entropy_coef must be >= 0, got {self.entropy_coef}"),
+            (
+                self.loss_aggregation in AGGREGATIONS,
+                f"model.loss_aggregation {self.loss_aggregation!r} is not one of {', '.join(AGGREGATIONS)}",
+            ),
+            (
+                self.temperature > 0,
+                f"model.rollout_temperature must be > 0 (training needs sampled rollouts), got {self.temperature}",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the loss needs the reference model's logits."""
+        return self.kl_coef > 0
+
+
+def loss_scale(samples: Sequence[TrainingSample]) -> LossScale:
+    """The mini-batch's token and sequence counts, which every micro-batch's loss is divided by."""
+    tokens = float(sum(sum(s.loss_mask) for s in samples))
+    return LossScale(tokens=max(tokens, 1.0), sequences=max(float(len(samples)), 1.0))
+
+
+def micro_batch_loss(
+    objective: Objective,
+    micro: MicroBatch,
+    logits: torch.Tensor,
+    scale: LossScale,
+    reference_logits: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one micro-batch, scaled so that a mini-batch's micro-batch losses add up to its loss.
+
+    logits, reference_logits: [R, W, V] for ``micro``'s rows. Statistics are sums over the micro-batch's
+    trained tokens (``train/entropy``, ``train/clip_frac``, ...), to be divided by the mini-batch's token
+    count, except ``train/loss``, which is this micro-batch's share of the mini-batch's loss.
+    """
+    mask, index, how = micro.loss_mask, micro.sequence_index, objective.loss_aggregation
+    out = token_logprobs(
+        logits, micro.targets, objective.temperature, with_entropy=True, entropy_grad=objective.entropy_coef > 0
+    )
+    assert out.entropy is not None  # with_entropy=True
+    loss, policy = clipped_policy_loss(
+        out.logprobs,
+        micro.old_logprobs,
+        micro.advantages,
+        mask,
+        objective.clip_ratio_low,
+        objective.clip_ratio_high,
+        how,
+        scale,
+        index,
+    )
+    n_tokens = float(mask.sum())
+    stats = {
+        "train/entropy": float((out.entropy.detach() * mask).sum()),
+        "train/clip_frac": float(policy.clip_frac) * n_tokens,
+        "train/ratio_mean": float(policy.ratio_mean) * n_tokens,
+        "train/approx_kl": float(policy.approx_kl) * n_tokens,
+    }
+    if objective.entropy_coef > 0:
+        loss = loss - objective.entropy_coef * aggregate(out.entropy, mask, how, scale, index)
+    if objective.needs_reference:
+        if reference_logits is None:
+            raise ValueError(f"kl_coef={objective.kl_coef} needs the reference model's logits")
+        with torch.no_grad():
+            reference = token_logprobs(reference_logits, micro.targets, objective.temperature).logprobs
+        kl = kl_to_reference(out.logprobs, reference)
+        loss = loss + objective.kl_coef * aggregate(kl, mask, how, scale, index)
+        stats["train/kl"] = float((kl.detach() * mask).sum())
+    stats["train/loss"] = float(loss.detach())
+    return loss, stats
