@@ -1,7 +1,7 @@
 """``lit-agentrl``: LightningCLI over GRPOModule and AgentPromptDataModule.
 
-    lit-agentrl fit --config configs/quickstart.yaml
-    lit-agentrl validate --config configs/quickstart.yaml --ckpt_path PATH
+lit-agentrl fit --config configs/quickstart.yaml
+lit-agentrl validate --config configs/quickstart.yaml --ckpt_path PATH
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.module import GRPOModule
 
 REWARD_KEY = "rollout/reward_mean"
+DEFAULT_ROOT_DIR = "outputs"
 
 
 class AgentRLCLI(LightningCLI):
@@ -58,8 +59,13 @@ def main(args: list[str] | None = None) -> None:
     AgentRLCLI(
         GRPOModule,
         AgentPromptDataModule,
-        # The data module splits prompts across ranks itself; checkpoint files are written atomically.
-        trainer_defaults={"use_distributed_sampler": False, "plugins": [AtomicCheckpointIO()]},
+        # The data module splits prompts across ranks itself; checkpoint files are written atomically; whatever a
+        # run writes without a folder of its own (logs, checkpoints, the saved config) goes under outputs/.
+        trainer_defaults={
+            "use_distributed_sampler": False,
+            "plugins": [AtomicCheckpointIO()],
+            "default_root_dir": DEFAULT_ROOT_DIR,
+        },
         save_config_kwargs={"overwrite": True},
         args=args,
     )

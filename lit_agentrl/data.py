@@ -8,8 +8,9 @@ any extra fields, which reach the agent's ``run(**kwargs)``.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -32,7 +33,9 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     builder = _BUILDERS.get(path.suffix.lower())
     if builder is None:
-        raise ValueError(f"data file {str(path)!r}: unsupported extension {path.suffix!r}; use one of {sorted(_BUILDERS)}")
+        raise ValueError(
+            f"data file {str(path)!r}: unsupported extension {path.suffix!r}; use one of {sorted(_BUILDERS)}"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
     if path.stat().st_size == 0:
@@ -40,10 +43,14 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     datasets.disable_progress_bars()
     with tempfile.TemporaryDirectory() as cache:  # keep datasets' Arrow cache out of the user's home
         try:
-            table = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache, keep_in_memory=True)
+            table = datasets.load_dataset(
+                builder, data_files=str(path), split="train", cache_dir=cache, keep_in_memory=True
+            )
         except Exception as exc:  # datasets wraps JSON/Arrow errors in several types
             cause = exc.__cause__ or exc
-            raise ValueError(f"data file {str(path)!r} could not be read as {builder}: {type(cause).__name__}: {cause}") from exc
+            raise ValueError(
+                f"data file {str(path)!r} could not be read as {builder}: {type(cause).__name__}: {cause}"
+            ) from exc
         rows = table.to_list()
     if not rows:
         raise ValueError(f"data file {str(path)!r} has no rows")
@@ -166,7 +173,14 @@ class PromptBatchLoader:
     """
 
     def __init__(
-        self, rows: list[dict[str, Any]], prompts_per_step: int, seed: int, shuffle: bool, rank: int, world_size: int, split: str
+        self,
+        rows: list[dict[str, Any]],
+        prompts_per_step: int,
+        seed: int,
+        shuffle: bool,
+        rank: int,
+        world_size: int,
+        split: str,
     ) -> None:
         self.rows, self.prompts_per_step, self.seed, self.shuffle = rows, prompts_per_step, seed, shuffle
         self.rank, self.world_size, self.split = rank, world_size, split
@@ -261,7 +275,9 @@ class AgentPromptDataModule(L.LightningDataModule):
             raise ValueError(f"data.overlong_prompts must be 'error' or 'skip', got {overlong_prompts!r}")
         if max_prompt_length is not None and max_prompt_length < 1:
             raise ValueError(f"data.max_prompt_length must be >= 1 or null, got {max_prompt_length}")
-        self.max_prompt_length, self.overlong_prompts, self.tokenizer_path = max_prompt_length, overlong_prompts, tokenizer_path
+        self.max_prompt_length = max_prompt_length
+        self.overlong_prompts = overlong_prompts
+        self.tokenizer_path = tokenizer_path
         self.num_skipped_overlong = 0
         self._train_loader: PromptBatchLoader | None = None
         self._val_loader: PromptBatchLoader | None = None
@@ -269,14 +285,21 @@ class AgentPromptDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         import_agent_modules(self.agent_modules)
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        for name, size in (("data.prompts_per_step", self.prompts_per_step), ("data.val_prompts_per_step", self.val_prompts_per_step)):
+        for name, size in (
+            ("data.prompts_per_step", self.prompts_per_step),
+            ("data.val_prompts_per_step", self.val_prompts_per_step),
+        ):
             if size % world:
                 raise ValueError(f"{name}={size} must be divisible by the number of processes ({world})")
         if stage == "fit" and self._train_loader is None:
             rows = self._limit_prompt_length(load_and_validate(self.train_files, self.reward_fn), self.train_files)
             if len(rows) < self.prompts_per_step:
-                raise ValueError(f"{self.train_files}: {len(rows)} rows, fewer than data.prompts_per_step={self.prompts_per_step}")
-            self._train_loader = PromptBatchLoader(rows, self.prompts_per_step, self.seed, self.shuffle, rank, world, "train")
+                raise ValueError(
+                    f"{self.train_files}: {len(rows)} rows, fewer than data.prompts_per_step={self.prompts_per_step}"
+                )
+            self._train_loader = PromptBatchLoader(
+                rows, self.prompts_per_step, self.seed, self.shuffle, rank, world, "train"
+            )
         if self.val_files and self._val_loader is None and stage in ("fit", "validate"):
             rows = self._limit_prompt_length(load_and_validate(self.val_files, self.reward_fn), self.val_files)
             size = min(self.val_prompts_per_step, len(rows) - len(rows) % world)

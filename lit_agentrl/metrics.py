@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,14 +42,14 @@ class RolloutMetrics(torch.nn.Module):
             metric.reset()
             metric.update(sum(values) / weight if ok else 0.0, weight=weight)
         generated = sum(t.num_generated_tokens for t in ok)
-        for metric, value in (
+        for total, value in (
             (self.failed, len(trajectories) - len(ok)),
             (self.total, len(trajectories)),
             (self.drift, sum(int(t.extra_fields.get("template_drift", 0)) for t in ok)),
             (self.tokens_per_s, generated / seconds if seconds > 0 else 0.0),
         ):
-            metric.reset()
-            metric.update(float(value))
+            total.reset()
+            total.update(float(value))
         mean, mean_sq = _finite(self.reward.compute()), _finite(self.reward_sq.compute())
         return {
             "rollout/reward_mean": mean,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 PROMPT_KEYS = ("prompt", "messages")
 """A row's chat prompt is under the first of these keys present."""

@@ -6,7 +6,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-
 AGENT_METRICS_FIELD = "metrics"
 """``extra_fields["metrics"]``: numbers an agent reports per trajectory (name -> float), logged as ``agent/<agent>/<name>``."""
 

@@ -6,13 +6,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import AutoTokenizer
+
+from lit_agentrl.module import GRPOModule
 
 
 class HFExportCallback(Callback):
@@ -35,7 +37,9 @@ class HFExportCallback(Callback):
         self.at_end = at_end
         self._last_exported_step = -1
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_exported_step:
             self.export(trainer, pl_module, self.dirpath / f"step-{step}")
@@ -47,12 +51,14 @@ class HFExportCallback(Callback):
 
     def export(self, trainer: L.Trainer, pl_module: L.LightningModule, target: Path) -> None:
         """Gather the full weights (all ranks) and save model, config and tokenizer to ``target`` (rank 0)."""
-        state = _full_state_dict(pl_module.model)
+        if not isinstance(pl_module, GRPOModule):
+            raise TypeError(f"HFExportCallback exports a GRPOModule's policy, not a {type(pl_module).__name__}")
+        state = _full_state_dict(pl_module.policy)
         if trainer.is_global_zero:
             target.parent.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-            pl_module.model.save_pretrained(staging, state_dict=state)
-            AutoTokenizer.from_pretrained(pl_module.hparams.model_path).save_pretrained(staging)
+            pl_module.policy.save_pretrained(staging, state_dict=state)
+            AutoTokenizer.from_pretrained(pl_module.model_path).save_pretrained(staging)
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staging, target)
@@ -64,4 +70,5 @@ def _full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded state dict on CPU (a collective under FSDP2; a plain copy otherwise)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast(dict[str, torch.Tensor], state)  # a causal LM's state dict holds tensors only

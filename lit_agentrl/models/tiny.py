@@ -100,8 +100,13 @@ def build_word_tokenizer(words: list[str] | None = None) -> PreTrainedTokenizerF
     tok.pre_tokenizer = pre_tokenizers.Split(_WORD_SPLIT, behavior="isolated")
     tok.decoder = decoders.Fuse()
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=IM_END, pad_token=PAD_TOKEN, unk_token="<unk>", bos_token=None,
-        chat_template=chat_template(), clean_up_tokenization_spaces=False,
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        unk_token="<unk>",
+        bos_token=None,
+        chat_template=chat_template(),
+        clean_up_tokenization_spaces=False,
     )
     wrapped.add_special_tokens({"additional_special_tokens": [IM_START]})
     return wrapped
@@ -122,7 +127,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig) -> Qwe
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
-        torch_dtype="float32",
+        dtype="float32",
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
