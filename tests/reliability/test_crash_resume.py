@@ -56,6 +56,7 @@ def final_prompts(path: Path) -> dict[int, list[str]]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_sigkill_then_resume_matches_an_unbroken_run(tmp_path, quickstart_model_dir):
     straight = config_for(tmp_path / "straight", quickstart_model_dir)
     assert launch(straight).wait(timeout=240) == 0

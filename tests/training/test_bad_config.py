@@ -26,6 +26,7 @@ def callback_args(config: dict) -> dict:
     return config["trainer"]["callbacks"][0]["init_args"]
 
 
+@pytest.mark.slow
 def test_temperature_mismatch(tmp_path, quickstart_model_dir):
     def edit(c):
         callback_args(c)["sampling_params"]["temperature"] = 0.7
@@ -34,6 +35,7 @@ def test_temperature_mismatch(tmp_path, quickstart_model_dir):
         run_with(tmp_path, quickstart_model_dir, edit)
 
 
+@pytest.mark.slow
 def test_unknown_engine(tmp_path, quickstart_model_dir):
     def edit(c):
         callback_args(c)["engine"] = "vllm"
@@ -42,6 +44,7 @@ def test_unknown_engine(tmp_path, quickstart_model_dir):
         run_with(tmp_path, quickstart_model_dir, edit)
 
 
+@pytest.mark.slow
 def test_model_path_without_weights(tmp_path, quickstart_model_dir):
     empty = tmp_path / "empty-model"
     empty.mkdir()
@@ -53,6 +56,7 @@ def test_model_path_without_weights(tmp_path, quickstart_model_dir):
         run_with(tmp_path, quickstart_model_dir, edit)
 
 
+@pytest.mark.slow
 def test_tokenizer_without_chat_template(tmp_path, quickstart_model_dir):
     plain = shutil.copytree(quickstart_model_dir, tmp_path / "no-template")
     (plain / "chat_template.jinja").unlink(missing_ok=True)

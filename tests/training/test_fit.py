@@ -16,6 +16,8 @@ from transformers import AutoModelForCausalLM
 
 from lit_agentrl.cli import main
 
+pytestmark = pytest.mark.slow  # whole fits through the CLI
+
 DOCUMENTED_STEP_KEYS = {
     "rollout/reward_mean", "rollout/reward_std", "rollout/response_length_mean", "rollout/num_turns_mean",
     "rollout/failed", "train/loss", "train/entropy", "train/clip_frac", "train/grad_norm",
@@ -39,6 +41,21 @@ def test_fit_logs_documented_metrics_and_validates(tmp_path, quickstart_model_di
         assert 0 < t["time/forward_s"] + t["time/backward_s"] + t["time/optimizer_s"] <= t["time/train_s"]
     val = [float(r["val/accuracy"]) for r in rows if r.get("val/accuracy")]
     assert len(val) == 2 and all(0.0 <= v <= 1.0 for v in val)
+
+
+def test_a_run_without_logger_writes_only_under_outputs(tmp_path, quickstart_model_dir, monkeypatch):
+    config = quick_config(tmp_path, quickstart_model_dir, steps=1)
+    settings = yaml.safe_load(config.read_text())
+    del settings["trainer"]["default_root_dir"], settings["trainer"]["logger"]
+    config.write_text(yaml.safe_dump(settings))
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    main(["fit", "--config", str(config), "--trainer.logger", "false", "--trainer.enable_checkpointing", "true"])
+    # Lightning's defaults would put config.yaml and checkpoints/ into the current directory.
+    assert sorted(p.name for p in workdir.iterdir()) == ["outputs"]
+    assert (workdir / "outputs" / "config.yaml").is_file()
+    assert list((workdir / "outputs" / "checkpoints").glob("*.ckpt"))
 
 
 def test_multiturn_quickstart_config_plays_whole_games(tmp_path, quickstart_model_dir, monkeypatch):

@@ -11,7 +11,7 @@ from support import quick_config, read_csv
 
 from lit_agentrl.cli import main
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 
 def test_fit_with_the_sglang_engine_syncs_weights_each_step(tmp_path, quickstart_model_dir):

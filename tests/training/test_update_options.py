@@ -10,6 +10,8 @@ from support import quick_config, read_csv
 
 from lit_agentrl.cli import main
 
+pytestmark = pytest.mark.slow  # whole fits through the CLI
+
 
 def fit(tmp_path, model_dir, steps: int, callbacks: list[dict] | None = None, **model) -> list[dict]:
     path = quick_config(tmp_path, model_dir, steps, callbacks)
