@@ -1,4 +1,9 @@
-"""PythonSandbox: ordinary code runs; hostile code is contained, and comes back as an error result."""
+"""PythonSandbox: ordinary code runs; hostile code is contained, and comes back as an error result.
+
+Every test here launches sandboxed interpreters. Timing assertions hold on a loaded 2-core machine: the
+limits are generous where the code must finish, and a limit that must stop code is checked as "stopped, by
+that limit, well before the code would have ended". (The pure helpers are tested in test_sandbox_parts.py.)
+"""
 
 from __future__ import annotations
 
@@ -11,17 +16,15 @@ import uuid
 
 import pytest
 
-from lit_agentrl.tools.sandbox import (
-    _MARKER,
-    CodeRunner,
-    PythonSandbox,
-    SandboxLimits,
-    SandboxResult,
-    limits_from_mapping,
-)
+from lit_agentrl.tools.sandbox import CodeRunner, PythonSandbox, SandboxLimits, SandboxResult
+from lit_agentrl.tools.sandbox.runner import TOKEN_PREFIX
+from lit_agentrl.tools.sandbox.stage2 import MARKER
 
-FAST = SandboxLimits(cpu_seconds=1, wall_seconds=3, output_bytes=4096)
-MARGIN_S = 1.5  # startup of two interpreters and the kill, on a busy 2-core machine
+pytestmark = pytest.mark.slow
+
+FAST = SandboxLimits(cpu_seconds=1, wall_seconds=20, output_bytes=4096)
+"""One CPU second, so runaway code stops quickly; a wall limit no ordinary snippet gets near, even on a busy machine."""
+SHORT_WALL = SandboxLimits(cpu_seconds=1, wall_seconds=2, output_bytes=4096)
 ROOT = os.geteuid() == 0
 
 
@@ -31,26 +34,30 @@ def sandbox() -> PythonSandbox:
 
 
 def sandbox_processes() -> list[int]:
-    """Pids of sandbox children still alive (their command line carries the sandbox's marker)."""
-    try:
-        import psutil
-    except ImportError:
-        psutil = None
+    """Pids of this test process's sandbox children still alive, orphaned grandchildren included: their command
+    line carries the sandbox's marker and a run token with this process's pid (other people's runs don't)."""
+    token = f"{TOKEN_PREFIX}{os.getpid()}-".encode()
     found = []
-    if psutil is not None:
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            if any(_MARKER in part for part in proc.info["cmdline"] or []):
-                found.append(proc.info["pid"])
-        return found
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if _MARKER.encode() in f.read():
-                        found.append(int(entry))
+                    cmdline = f.read()
             except OSError:
                 continue
+            if MARKER.encode() in cmdline and token in cmdline:
+                found.append(int(entry))
     return found
+
+
+def no_sandbox_processes_within(seconds: float) -> bool:
+    """True once no sandbox child is left (a SIGKILLed process can take a moment to go)."""
+    deadline = time.monotonic() + seconds
+    while sandbox_processes():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def timed(sandbox: PythonSandbox, code: str) -> tuple[SandboxResult, float]:
@@ -77,13 +84,13 @@ def test_no_output_says_so(sandbox):
 def test_syntax_error_is_error_text(sandbox):
     result = sandbox.run("def f(:\n    pass")
     assert result.exit_code == 1 and "SyntaxError" in result.error and 'File "main.py", line 1' in result.error
-    assert _MARKER not in result.error  # the sandbox's own frames are not shown
+    assert MARKER not in result.error  # the sandbox's own frames are not shown
 
 
 def test_exception_gives_the_traceback_tail_with_stdout_first(sandbox):
     result = sandbox.run("print('partial')\ndef f():\n    return 1 / 0\nf()")
     assert result.error.splitlines()[-1] == "ZeroDivisionError: division by zero"
-    assert 'File "main.py", line 3, in f' in result.error and _MARKER not in result.error
+    assert 'File "main.py", line 3, in f' in result.error and MARKER not in result.error
     assert result.as_tool_text().startswith("partial\nTraceback")
 
 
@@ -109,36 +116,27 @@ def test_bad_input_never_raises(sandbox):
     assert missing.run("print(1)").error.startswith("SandboxError")
 
 
-def test_limits_from_mapping():
-    assert limits_from_mapping({"cpu_seconds": 2}).cpu_seconds == 2
-    with pytest.raises(ValueError, match="unknown sandbox limit"):
-        limits_from_mapping({"cpu": 2})
-    with pytest.raises(ValueError):
-        SandboxLimits(wall_seconds=0)
-
-
 # ----------------------------------------------------------------------------------------- hostile code
 
 
-def test_infinite_loop_hits_the_cpu_limit_in_time(sandbox):
-    result, took = timed(sandbox, "while True: pass")
-    assert "TimeoutError" in result.error and "CPU time" in result.error
-    assert took < FAST.wall_seconds + MARGIN_S
+def test_infinite_loop_hits_the_cpu_limit_not_the_wall_clock(sandbox):
+    result = sandbox.run("while True: pass")
+    assert "TimeoutError" in result.error and "CPU time" in result.error and not result.timed_out
 
 
-def test_sleeping_forever_hits_the_wall_limit(sandbox):
-    result, took = timed(sandbox, "import time\nprint('started')\ntime.sleep(60)")
-    assert result.timed_out and "TimeoutError" in result.error
+def test_sleeping_forever_hits_the_wall_limit():
+    result, took = timed(PythonSandbox(SHORT_WALL), "import time\nprint('started')\ntime.sleep(60)")
+    assert result.timed_out and "TimeoutError" in result.error and "2 seconds" in result.error
     assert result.stdout == "started\n"  # what was printed before the kill is kept
-    assert took < FAST.wall_seconds + MARGIN_S
+    assert took < 30, f"killed after {took:.1f}s, the code asked for 60s"
     assert not sandbox_processes()
 
 
 def test_fork_bomb_is_refused_and_leaves_no_process(sandbox):
-    result, took = timed(sandbox, "import os\nwhile True: os.fork()")
+    result = sandbox.run("import os\nwhile True: os.fork()")
     assert result.error is not None and ("os.fork" in result.error or "Resource temporarily" in result.error)
-    assert took < FAST.wall_seconds + MARGIN_S
-    assert not sandbox_processes()
+    assert not result.timed_out
+    assert no_sandbox_processes_within(5)
 
 
 def test_huge_allocation_is_a_memory_error(sandbox):
@@ -153,16 +151,15 @@ def test_huge_output_is_truncated_without_trainer_memory(sandbox):
     tracemalloc.reset_peak()
     before = tracemalloc.get_traced_memory()[0]
     try:
-        result, took = timed(sandbox, "print('x' * 10**8)")
+        result = sandbox.run("print('x' * 10**8)")
         peak = tracemalloc.get_traced_memory()[1] - before
     finally:
         if not tracing:
             tracemalloc.stop()
-    assert result.error is None and result.truncated
+    assert result.error is None and result.truncated and not result.timed_out  # the pipe never blocked it
     assert result.stdout.startswith("x" * FAST.output_bytes)
     assert len(result.stdout) < FAST.output_bytes + 200 and "output truncated" in result.stdout
     assert peak < 8 * 2**20, f"the trainer kept {peak} bytes for 100 MB of output"
-    assert took < FAST.wall_seconds + MARGIN_S
 
 
 def test_project_files_are_unreadable(sandbox):
@@ -227,7 +224,7 @@ def test_kernel_layers_hold_without_the_audit_hook():
         pytest.skip("this machine does not allow dropping to an unprivileged uid")
     bare._guard = False
     fork = bare.run("import os\nwhile True: os.fork()")
-    assert "BlockingIOError" in fork.error and not sandbox_processes()
+    assert "BlockingIOError" in fork.error and no_sandbox_processes_within(5)
     assert "Operation not permitted" in bare.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)").error
     target = os.path.join(os.path.dirname(__file__), f"escape-{uuid.uuid4().hex}.txt")
     assert "Permission denied" in bare.run(f"open({target!r}, 'w')").error and not os.path.exists(target)
@@ -238,11 +235,11 @@ def test_kernel_layers_hold_without_the_audit_hook():
 @pytest.mark.skipif(not ROOT, reason="as root without the drop, only the audit hook refuses (documented)")
 def test_audit_hook_alone_refuses_as_root_without_the_drop():
     hook_only = PythonSandbox(FAST, drop_privileges=False)
-    assert "0" == hook_only.run("import os\nprint(os.getuid())").stdout.strip()
+    assert hook_only.run("import os\nprint(os.getuid())").stdout.strip() == "0"
     assert "os.fork" in hook_only.run("import os\nos.fork()").error
     assert "os.kill" in hook_only.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)").error
     assert "PermissionError" in hook_only.run("open('/tmp/escape.txt', 'w')").error
-    assert not sandbox_processes()
+    assert no_sandbox_processes_within(5)
 
 
 def test_isolation_report(sandbox):
@@ -257,7 +254,19 @@ def test_isolation_report(sandbox):
 # ---------------------------------------------------------------------------------------------- asyncio
 
 
+def max_overlap(spans: list[tuple[float, float]]) -> int:
+    """The most of these (start, end) intervals that were open at one instant."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans], key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
 def test_arun_runs_concurrently_without_blocking_the_loop(sandbox):
+    snippet = "import time\nstart = time.time()\ntime.sleep(1.5)\nprint({}, start, time.time())"
+
     async def main():
         gaps: list[float] = []
         done = asyncio.Event()
@@ -271,19 +280,20 @@ def test_arun_runs_concurrently_without_blocking_the_loop(sandbox):
                 last = now
 
         tick = asyncio.create_task(ticker())
-        start = time.monotonic()
-        results = await asyncio.gather(*(sandbox.arun(f"import time\ntime.sleep(1)\nprint({i})") for i in range(8)))
-        took = time.monotonic() - start
+        results = await asyncio.gather(*(sandbox.arun(snippet.format(i)) for i in range(8)))
         done.set()
         await tick
         # Called from inside a running loop, the blocking API still works (on a loop of its own).
         nested = sandbox.run("print('nested')")
-        return results, took, max(gaps), nested
+        return results, max(gaps), nested
 
-    results, took, worst_gap, nested = asyncio.run(main())
-    assert [r.stdout.strip() for r in results] == [str(i) for i in range(8)]
-    assert took < 1.0 + MARGIN_S, f"8 one-second snippets took {took:.2f}s"
-    assert worst_gap < 0.3, f"the event loop was blocked for {worst_gap:.2f}s"
+    results, worst_gap, nested = asyncio.run(main())
+    printed = [r.stdout.split() for r in results]
+    assert [p[0] for p in printed] == [str(i) for i in range(8)], [r.error for r in results]
+    # Serial runs would never overlap; these start within a second or so of each other even on a busy machine.
+    overlap = max_overlap([(float(p[1]), float(p[2])) for p in printed])
+    assert overlap >= 4, f"at most {overlap} of 8 sleeping snippets ran at once"
+    assert worst_gap < 0.75, f"the event loop was blocked for {worst_gap:.2f}s (a blocking run: 1.5s or more)"
     assert nested.stdout == "nested\n"
 
 
@@ -296,13 +306,12 @@ def test_cancelling_arun_kills_the_child(sandbox):
             await task
 
     asyncio.run(main())
-    time.sleep(0.1)
-    assert not sandbox_processes()
+    assert no_sandbox_processes_within(5)
 
 
 def test_site_packages_option_gives_sympy_but_not_the_project():
     pytest.importorskip("sympy")
-    sandbox = PythonSandbox(SandboxLimits(cpu_seconds=5, wall_seconds=10), site_packages=True)
+    sandbox = PythonSandbox(SandboxLimits(cpu_seconds=20, wall_seconds=60), site_packages=True)
     result = sandbox.run("import sympy\nprint(sympy.sqrt(8))")
     assert result.stdout.strip() == "2*sqrt(2)", result.error
     assert "No module named 'lit_agentrl'" in sandbox.run("import lit_agentrl").error

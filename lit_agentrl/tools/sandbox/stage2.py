@@ -1,0 +1,139 @@
+"""Stage 2 of a sandboxed run: install the audit hook (the guard), then run the model's code.
+
+Like stage 1 (see its docstring), the child does not import this module: stage 1 ``exec``s
+``python -I -S -B -c LAUNCH <this file's text> CONFIG <the guard's text>``, which runs it as ``__main__``,
+calling :func:`main`. Hence: the standard library only, ASCII only, nothing done at import but definitions
+(the parent imports it for its constants, and for tests).
+"""
+
+# ruff: noqa: SIM105  (no contextlib.suppress: it would be one more import in every run)
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+TYPE_CHECKING = False  # typing is not imported in the child: it would cost every run its import time
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any, NoReturn
+
+MARKER = "<lit-agentrl-sandbox>"
+"""The file name of the sandbox's own code in the child (hidden from tracebacks; found in its cmdline)."""
+
+
+def load_guard(source: str) -> Callable[[str, tuple[str, ...], bool, bool], None]:
+    """``install_guard`` from the guard's text, run in a namespace of its own (not this module's globals,
+    which the model's code can reach as ``__main__``)."""
+    namespace: dict[str, Any] = {"__name__": "lit_agentrl_sandbox_guard"}
+    exec(compile(source, MARKER, "exec"), namespace)
+    install: Callable[[str, tuple[str, ...], bool, bool], None] = namespace["install_guard"]
+    return install
+
+
+def reconfigure_streams() -> None:
+    """UTF-8 stdout/stderr (undecodable characters escaped), flushed at each line."""
+    for stream in (sys.stdout, sys.stderr):
+        try:  # a TextIOWrapper here; typeshed's TextIO has no reconfigure
+            stream.reconfigure(encoding="utf-8", errors="backslashreplace", line_buffering=True)  # type: ignore[union-attr]
+        except Exception:
+            pass
+
+
+def library_roots(site: bool) -> tuple[str, ...]:
+    """The installation's library directories, which the code may read: ``sys.path``, and with ``site`` the
+    site-packages directories, which are appended to ``sys.path`` (no ``.pth`` processing: editable
+    installs, such as the project's, stay out)."""
+    roots = [os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)]
+    if site:
+        import sysconfig
+
+        for key in ("purelib", "platlib"):
+            path = sysconfig.get_paths().get(key)
+            if path and os.path.isdir(path):
+                if path not in sys.path:
+                    sys.path.append(path)
+                roots.append(os.path.realpath(path))
+    return tuple(sorted({r for r in roots if r != "/"}))
+
+
+def disarm_unaudited_calls() -> None:
+    """Take away what would reach processes or files without audit events (best effort)."""
+    import _signal
+    import types
+
+    stub = types.ModuleType("_posixsubprocess")
+
+    def fork_exec(*args: Any, **kwargs: Any) -> NoReturn:
+        raise PermissionError("sandbox: starting programs is not allowed")
+
+    stub.__dict__["fork_exec"] = fork_exec
+    sys.modules["_posixsubprocess"] = stub
+    for module in (os, sys.modules.get("posix"), _signal):
+        for name in ("pidfd_open", "pidfd_send_signal", "mkfifo", "mknod"):
+            try:
+                delattr(module, name)
+            except AttributeError:
+                pass
+
+
+def report_exception(exc: BaseException, traceback: ModuleType) -> None:
+    """Print the traceback without the sandbox's own frames (``traceback`` is imported before the guard)."""
+    try:
+        top = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+        todo, seen = [top], set()
+        while todo:
+            te = todo.pop()
+            if id(te) in seen:
+                continue
+            seen.add(id(te))
+            frames = [f for f in te.stack if f.filename != MARKER]
+            te.stack = traceback.StackSummary.from_list(frames)
+            todo += [t for t in (te.__cause__, te.__context__) if t is not None]
+        sys.stderr.write("".join(top.format()))
+    except BaseException:
+        sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
+    sys.stderr.flush()
+
+
+def run_code(source: str, traceback: ModuleType) -> int:
+    """Run the model's code as ``main.py`` in a namespace of its own; 1 (and the traceback) if it raised."""
+    import builtins
+
+    namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": builtins}
+    try:
+        exec(compile(source, "main.py", "exec"), namespace)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        report_exception(exc, traceback)
+        return 1
+    return 0
+
+
+def main() -> int:
+    """``sys.argv[1:]`` is this text, the run's JSON config (stage 1's, with what it achieved), the guard's text."""
+    cfg, guard_source = json.loads(sys.argv[2]), sys.argv[3]
+    sys.argv[:] = ["main.py"]
+    reconfigure_streams()
+    work = os.path.realpath(cfg["dir"])
+    roots = library_roots(cfg["site"])
+    disarm_unaudited_calls()
+    import linecache  # noqa: F401  (imported before the guard: needed to report errors)
+    import traceback
+
+    with open(os.path.join(work, "main.py"), encoding="utf-8", errors="replace") as f:
+        source = f.read()
+    if cfg["guard"]:
+        load_guard(guard_source)(work, roots, cfg["allow_fork"], cfg["site"])
+    if cfg["probe"]:
+        report = {"netns": cfg["netns_ok"], "dropped": cfg["dropped"], "keep_read": cfg["keep_read"]}
+        print(json.dumps({**report, "uid": os.getuid(), "guard": cfg["guard"]}))
+        return 0
+    return run_code(source, traceback)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

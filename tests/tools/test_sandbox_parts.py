@@ -1,0 +1,332 @@
+"""The sandbox's parts, tested directly in this process: no sandboxed interpreter is started here.
+
+Limits and results, the host-side helpers, and the child's own code (stage 1, stage 2, the guard), which the
+child gets as text but which is importable here. The guard is built and called as a plain function, never
+installed: an audit hook cannot be removed, so installing it would confine the test process itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from lit_agentrl.tools.sandbox import SandboxLimits, SandboxResult, guard, limits_from_mapping, runner, stage1, stage2
+from lit_agentrl.tools.sandbox.processes import UID_SPAN, uid_base
+from lit_agentrl.tools.sandbox.results import OutputCapture, failure, result_from_exit
+
+# ----------------------------------------------------------------------------------- limits and results
+
+
+def test_limits_from_mapping():
+    assert limits_from_mapping(None) == SandboxLimits()
+    assert limits_from_mapping({"cpu_seconds": 2}).cpu_seconds == 2
+    with pytest.raises(ValueError, match="unknown sandbox limit"):
+        limits_from_mapping({"cpu": 2})
+    with pytest.raises(TypeError, match="mapping"):
+        limits_from_mapping([("cpu_seconds", 2)])
+    with pytest.raises(ValueError, match="wall_seconds must be positive"):
+        SandboxLimits(wall_seconds=0)
+    with pytest.raises(ValueError, match="max_processes"):
+        SandboxLimits(max_processes=-1)
+
+
+def test_tool_text_shows_output_then_error():
+    ok = SandboxResult(stdout="42\n", stderr="", exit_code=0, timed_out=False, truncated=False, error=None)
+    assert ok.ok and ok.as_tool_text() == "42"
+    silent = SandboxResult(stdout=" \n", stderr="", exit_code=0, timed_out=False, truncated=False, error=None)
+    assert silent.as_tool_text().startswith("(no output")
+    broken = SandboxResult(stdout="partial\n", stderr="", exit_code=1, timed_out=False, truncated=False, error="E")
+    assert not broken.ok and broken.as_tool_text() == "partial\nE"
+    assert failure("SandboxError: x").as_tool_text() == "SandboxError: x"
+
+
+def test_capture_keeps_the_head_of_stdout_and_the_tail_of_stderr():
+    head, tail = OutputCapture(4), OutputCapture(4, tail=True)
+    for chunk in (b"abc", b"def", b"gh"):
+        head.add(chunk)
+        tail.add(chunk)
+    assert head.text() == "abcd\n[... output truncated: 4 more bytes not shown ...]"
+    assert tail.text() == "[... 4 earlier bytes of stderr not shown ...]\nefgh"
+    small = OutputCapture(10)
+    small.add(b"hi")
+    assert small.text() == "hi" and small.dropped == 0
+
+
+def _outcome(code: int | None, stderr: bytes = b"", timed_out: bool = False, stdout: bytes = b"") -> SandboxResult:
+    out, err = OutputCapture(100), OutputCapture(100, tail=True)
+    out.add(stdout)
+    err.add(stderr)
+    return result_from_exit(code, timed_out, out, err, SandboxLimits(cpu_seconds=1.5, wall_seconds=3))
+
+
+def test_exit_status_becomes_the_error_text():
+    assert _outcome(0, stdout=b"1\n").error is None
+    assert _outcome(-signal.SIGKILL, timed_out=True).error.startswith("TimeoutError: the code did not finish within 3 ")
+    assert "more than 1.5 seconds of CPU" in _outcome(-signal.SIGXCPU).error
+    assert _outcome(-signal.SIGKILL).error.startswith("Killed: the code exceeded its CPU time or memory")
+    assert _outcome(-signal.SIGSEGV, b"Fatal Python error").error == "Killed by SIGSEGV.\nFatal Python error"
+    assert _outcome(-200).error == "Killed by signal 200."
+    setup = _outcome(stage1.SETUP_EXIT, (stage1.SETUP_PREFIX + "could not drop privileges\n").encode())
+    assert setup.error == "SandboxError: could not drop privileges"
+    assert _outcome(1, b"Traceback ...\nValueError: x\n").error == "Traceback ...\nValueError: x"
+    assert _outcome(3).error == "the code exited with status 3"
+    assert _outcome(0, stdout=b"x" * 200).truncated
+
+
+def test_uid_base_prefers_2e9_and_needs_a_big_enough_map(tmp_path):
+    def base(text: str) -> int | None:
+        (tmp_path / "uid_map").write_text(text)
+        return uid_base(str(tmp_path / "uid_map"))
+
+    assert base("0 0 4294967295\n") == 2_000_000_000
+    assert base("0 100000 65536\n") is None  # a typical rootless container: too few ids to spare
+    assert base("0 100000 1000000\n") == 1_000_000 - 2 * UID_SPAN
+    assert uid_base(str(tmp_path / "missing")) == 2_000_000_000
+
+
+# ---------------------------------------------------------------------------- the child's code, as text
+
+CHILD_MODULES = [stage1, stage2, guard]
+
+
+@pytest.mark.parametrize("module", CHILD_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_child_code_is_standard_library_only_ascii_and_inert_on_import(module):
+    source = Path(module.__file__).read_text(encoding="utf-8")
+    assert source.isascii()  # it travels in argv, whatever the locale
+    assert len(source.encode()) < 128 * 1024  # one argv string (MAX_ARG_STRLEN)
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported - set(sys.stdlib_module_names)
+    # Run only as __main__: at the top level, nothing but imports, definitions, constants and the main guard.
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.If):
+            test = ast.unparse(node.test)
+            assert test in ("TYPE_CHECKING", "__name__ == '__main__'"), test
+        elif isinstance(node, ast.Expr):  # docstrings only, no calls
+            assert isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        else:
+            assert isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.Assign, ast.AnnAssign))
+
+
+def test_the_runner_sends_exactly_these_files():
+    assert Path(stage1.__file__).read_text(encoding="utf-8") == runner.STAGE1_SOURCE
+    assert Path(stage2.__file__).read_text(encoding="utf-8") == runner.STAGE2_SOURCE
+    assert Path(guard.__file__).read_text(encoding="utf-8") == runner.GUARD_SOURCE
+    assert stage2.MARKER in runner.LAUNCH
+
+
+def test_load_guard_keeps_the_guard_out_of_stage_2s_globals():
+    install = stage2.load_guard(runner.GUARD_SOURCE)  # loaded, never called: it would confine this process
+    assert install.__name__ == "install_guard" and install.__code__.co_filename == stage2.MARKER
+    assert install.__globals__ is not vars(stage2) and "install_guard" not in vars(stage2)
+
+
+# -------------------------------------------------------------------------------------------- stage 1
+
+
+def test_readable_by_others_checks_the_file_and_every_directory_above():
+    top = tempfile.mkdtemp(dir="/tmp")  # /tmp: world-searchable
+    try:
+        os.chmod(top, 0o755)
+        path = os.path.join(top, "lib.py")
+        Path(path).write_text("x = 1\n")
+        os.chmod(path, 0o644)
+        assert stage1.readable_by_others(path) and stage1.readable_by_others(top)
+        os.chmod(path, 0o640)
+        assert not stage1.readable_by_others(path)
+        os.chmod(path, 0o644)
+        os.chmod(top, 0o754)  # others may list it but not enter it
+        assert not stage1.readable_by_others(path) and not stage1.readable_by_others(top)
+        assert not stage1.readable_by_others(os.path.join(top, "missing"))
+    finally:
+        os.chmod(top, 0o755)
+        for name in os.listdir(top):
+            os.remove(os.path.join(top, name))
+        os.rmdir(top)
+
+
+# -------------------------------------------------------------------------------------------- stage 2
+
+
+def test_report_leaves_out_the_sandboxs_own_frames(capsys):
+    namespace: dict = {}
+    exec(compile("def call(f):\n    return f()\n", stage2.MARKER, "exec"), namespace)
+    exec(compile("def fail():\n    raise ValueError('boom')\n", "main.py", "exec"), namespace)
+    with pytest.raises(ValueError) as caught:
+        namespace["call"](namespace["fail"])
+    stage2.report_exception(caught.value, __import__("traceback"))
+    text = capsys.readouterr().err
+    assert 'File "main.py", line 2, in fail' in text and text.endswith("ValueError: boom\n")
+    assert stage2.MARKER not in text
+
+
+def test_run_code_returns_the_exit_status(capsys):
+    import traceback
+
+    assert stage2.run_code("print(6 * 7)", traceback) == 0
+    assert stage2.run_code("1 / 0", traceback) == 1
+    with pytest.raises(SystemExit):
+        stage2.run_code("raise SystemExit(3)", traceback)
+    out, err = capsys.readouterr()
+    assert out == "42\n" and err.endswith("ZeroDivisionError: division by zero\n")
+
+
+def test_library_roots_are_resolved_directories_of_sys_path():
+    roots = stage2.library_roots(site=False)
+    assert roots == tuple(sorted(roots)) and "/" not in roots
+    assert all(os.path.isdir(r) and os.path.realpath(r) == r for r in roots)
+    assert os.path.realpath(os.path.dirname(os.__file__)) in roots
+
+
+# ------------------------------------------------------------------------------------------ the guard
+
+
+@pytest.fixture()
+def layout(tmp_path, monkeypatch):
+    """A run's folder, a library root beside it, and the working directory in the run's folder."""
+    work, lib, elsewhere = tmp_path / "work", tmp_path / "lib", tmp_path / "elsewhere"
+    for folder in (work, lib, elsewhere):
+        folder.mkdir()
+    (lib / "mod.py").write_text("")
+    (elsewhere / "secret.txt").write_text("")
+    monkeypatch.chdir(work)
+    return work, lib, elsewhere
+
+
+def test_resolve_follows_dots_and_symbolic_links(layout):
+    work, _lib, elsewhere = layout
+    deny = guard.make_deny()
+    as_text, resolve, inside = guard.make_path_tools(deny)
+    assert resolve("a/./b/../c") == f"{work}/a/c" and resolve("/../..") == "/"
+    os.symlink(elsewhere, work / "out")
+    os.symlink("out/secret.txt", work / "relative")
+    assert resolve("out/secret.txt") == resolve("relative") == f"{elsewhere}/secret.txt"
+    os.symlink("loop", work / "loop")
+    with pytest.raises(PermissionError, match="many symbolic links"):
+        resolve("loop")
+    assert as_text(b"caf\xc3\xa9") == "café" and as_text(Path("/x")) == "/x"
+    assert type(as_text(type("Sub", (str,), {})("/x"))) is str  # a str subclass can't override methods here
+    assert inside("/a/b/c", ("/a/b",)) and inside("/a/b", ("/a/b",)) and not inside("/a/bc", ("/a/b",))
+
+
+def test_path_checks(layout):
+    work, lib, elsewhere = layout
+    deny = guard.make_deny()
+    check_dir_fd, check_read, check_write = guard.make_path_checks(
+        str(work), (str(lib),), deny, guard.make_path_tools(deny)
+    )
+    assert check_read("main.py") is None and check_read("/dev/urandom") is None and check_read(3) is None
+    assert check_read(lib / "mod.py") == f"{lib}/mod.py"
+    with pytest.raises(PermissionError, match=r"sandbox: reading '.*secret.txt' \(outside the working directory\)"):
+        check_read(elsewhere / "secret.txt")
+    check_write("new.txt", "writing to")
+    check_write("/dev/null", "writing to")
+    check_write(5, "truncating", allow_fd=True)
+    with pytest.raises(PermissionError, match="changing through a file descriptor"):
+        check_write(5, "changing")
+    with pytest.raises(PermissionError, match=r"writing to '.*mod\.py'"):
+        check_write(lib / "mod.py", "writing to")
+    os.symlink(elsewhere, work / "out")
+    with pytest.raises(PermissionError, match="outside the working directory"):
+        check_write("out/secret.txt", "writing to")  # through a link in the run's own folder
+    check_dir_fd(None)
+    check_dir_fd(-100)  # AT_FDCWD
+    with pytest.raises(PermissionError, match="directory descriptor"):
+        check_dir_fd(7)
+
+
+def _hook(work, lib, allow_fork=False, allow_ctypes=False):
+    return guard.make_guard(str(work), (str(lib),), allow_fork, allow_ctypes)
+
+
+@pytest.mark.parametrize(
+    ("event", "args", "refusal"),
+    [
+        ("socket.connect", (None, ("127.0.0.1", 9)), "network access (socket.connect)"),
+        ("subprocess.Popen", ("ls", ["ls"], None, None), "starting programs (subprocess.Popen)"),
+        ("os.kill", (1, 9), "sending signals to processes"),
+        ("os.fork", (), "creating processes (os.fork)"),
+        ("os.setuid", (0,), "sandbox: os.setuid is not allowed"),  # any other os.* event
+        ("ctypes.dlsym", (None, "system"), "ctypes (ctypes.dlsym)"),
+        ("sys.settrace", (), "tracing"),
+        ("open", ("/etc/passwd", "a", None), "writing to '/etc/passwd'"),  # no flags: the mode says
+        ("open", ("/etc/passwd", None, os.O_WRONLY), "writing to '/etc/passwd'"),
+        ("os.rename", ("main.py", "/tmp/x", None, None), "renaming to '/tmp/x'"),
+        ("os.remove", ("/etc/passwd", None), "removing '/etc/passwd'"),
+        ("os.chmod", ("/etc/passwd", 0o777, None), "changing '/etc/passwd'"),
+        ("shutil.copyfile", ("main.py", "/tmp/x"), "writing to '/tmp/x'"),
+        ("sqlite3.connect", ("file:x?mode=rw",), "sqlite URIs"),
+        ("glob.glob/2", ("*", False, False, 5), "directory descriptor"),
+    ],
+)
+def test_the_hook_refuses(layout, event, args, refusal):
+    with pytest.raises(PermissionError, match=r"^sandbox: .*is not allowed$") as refused:
+        _hook(*layout[:2])(event, args)
+    assert refusal in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("event", "args"),
+    [
+        ("compile", (b"", "<x>")),
+        ("time.sleep", (1,)),
+        ("open", ("main.py", None, os.O_WRONLY | os.O_CREAT)),
+        ("open", ("/dev/urandom", "rb", 0)),
+        ("os.listdir", (".",)),
+        ("os.mkdir", ("d", 0o777, -1)),
+        ("sqlite3.connect", (":memory:",)),
+        ("import", ("json", None, [], [], [])),
+        ("some.library.event", ()),
+    ],
+)
+def test_the_hook_allows(layout, event, args):
+    _hook(*layout[:2])(event, args)
+
+
+def test_the_hook_refuses_listing_or_opening_library_directories(layout):
+    work, lib, _ = layout
+    hook = _hook(work, lib)
+    hook("open", (str(lib / "mod.py"), "r", 0))  # reading a library file
+    with pytest.raises(PermissionError, match="opening a directory outside the working directory"):
+        hook("open", (str(lib), "r", 0))
+
+
+def test_the_hook_with_forks_and_ctypes_allowed(layout):
+    work, lib, _ = layout
+    strict, lenient = _hook(work, lib), _hook(work, lib, allow_fork=True, allow_ctypes=True)
+    with pytest.raises(ImportError, match="importing ctypes is not allowed"):
+        strict("import", ("ctypes", None, [], [], []))
+    with pytest.raises(ImportError, match="importing _posixsubprocess"):
+        lenient("import", ("_posixsubprocess", None, [], [], []))
+    lenient("import", ("ctypes.util", None, [], [], []))
+    lenient("os.fork", ())
+    lenient("ctypes.addressof", (object(),))
+    lenient("ctypes.dlopen", ("libm.so.6",))  # by name
+    lenient("ctypes.dlopen", (str(lib / "mod.py"),))  # from the installation
+    with pytest.raises(PermissionError, match=r"loading the library '/tmp/evil\.so'"):
+        lenient("ctypes.dlopen", ("/tmp/evil.so",))
+    with pytest.raises(PermissionError, match="ctypes"):
+        lenient("ctypes.dlsym", (None, "system"))
+
+
+def test_rebinding_the_guards_module_names_afterwards_changes_nothing(layout, monkeypatch):
+    """The hook holds its own tables and closures: what the model's code could rebind is not used."""
+    hook = _hook(*layout[:2])
+    monkeypatch.setattr(guard, "HOT_EVENTS", frozenset(("os.kill", "socket.connect")))
+    monkeypatch.delitem(guard.REFUSED_EVENTS, "os.kill")  # mutated in place: the hook has a copy
+    monkeypatch.setattr(guard, "REFUSED_PREFIXES", ())
+    monkeypatch.setattr(guard, "make_deny", lambda: lambda message: None)
+    with pytest.raises(PermissionError, match="sending signals"):
+        hook("os.kill", (1, 9))
+    with pytest.raises(PermissionError, match="network access"):
+        hook("socket.connect", (None, ("127.0.0.1", 9)))
