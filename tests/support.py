@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import torch
 import yaml
 
+from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.sampling import SamplingParams
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ def require_sglang() -> None:
         pytest.skip("SGLang is not installed here; .ci/run runs these tests in the SGLang environment")
 
 
-class ScriptedEngine:
+class ScriptedEngine(RolloutEngine):
     """An engine whose policy "chooses" scripted replies, scored by the real tiny model.
 
     A random-init model never writes a valid tool call, so multi-turn tests script what the model says;

@@ -6,14 +6,15 @@ import importlib
 import importlib.util
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from lit_agentrl.agents.base import AgentGraph
 
 log = logging.getLogger(__name__)
-_graph_registry: dict[str, type["AgentGraph"]] = {}
+_graph_registry: dict[str, type[AgentGraph]] = {}
 G = TypeVar("G", bound=type)
 
 
@@ -42,7 +43,7 @@ def registered_agents() -> list[str]:
     return sorted(_graph_registry)
 
 
-def get_agent_class(agent_name: str) -> type["AgentGraph"]:
+def get_agent_class(agent_name: str) -> type[AgentGraph]:
     """The class registered as ``agent_name``; ``KeyError`` listing the registered names otherwise."""
     try:
         return _graph_registry[agent_name]
@@ -55,11 +56,19 @@ def get_agent_class(agent_name: str) -> type["AgentGraph"]:
 
 def import_agent_modules(modules: list[str]) -> None:
     """Import users' agent modules, by dotted name or by ``.py`` path, so their ``@register`` runs."""
+    import_modules(modules, kind="agent")
+
+
+def import_modules(modules: list[str], kind: str) -> None:
+    """Import users' modules, by dotted name or by ``.py`` path, so their registering decorators run.
+
+    ``kind`` (``agent``, ``engine``) names what the modules hold in the errors, which name the module.
+    """
     for module in modules:
         if module.endswith(".py"):
             path = Path(module)
             if not path.is_file():
-                raise FileNotFoundError(f"agent module file {module!r} does not exist")
+                raise FileNotFoundError(f"{kind} module file {module!r} does not exist")
             spec = importlib.util.spec_from_file_location(path.stem, path)
             assert spec is not None and spec.loader is not None
             loaded = importlib.util.module_from_spec(spec)
@@ -69,4 +78,4 @@ def import_agent_modules(modules: list[str]) -> None:
             try:
                 importlib.import_module(module)
             except ModuleNotFoundError as exc:
-                raise ModuleNotFoundError(f"cannot import agent module {module!r}: {exc}") from exc
+                raise ModuleNotFoundError(f"cannot import {kind} module {module!r}: {exc}") from exc

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import AutoTokenizer
 
+from lit_agentrl.agents.registry import import_modules
 from lit_agentrl.engines import RolloutEngine, SamplingParams, build_engines
 from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.metrics import RolloutMetrics
@@ -24,10 +25,13 @@ class RolloutCallback(Callback):
     """Drive agent rollouts through rollout engines and keep their weights equal to the policy's.
 
     Args:
-        engine: ``transformers`` or ``sglang`` (one engine per rank), or ``sglang_http`` (already running
-            SGLang servers shared by all ranks; rank 0 pushes the weights).
+        engine: a registered engine name: ``transformers`` or ``sglang`` (one engine per rank), ``sglang_http``
+            (already running SGLang servers shared by all ranks; rank 0 pushes the weights), or your own
+            (``@register_engine("name")`` on a :class:`~lit_agentrl.engines.RolloutEngine` subclass).
         engine_kwargs: passed to the engine's constructor (e.g. ``max_running_requests``, ``dtype``,
             ``mem_fraction_static``; ``urls`` for ``sglang_http``).
+        engine_modules: modules (dotted names or ``.py`` paths) imported at setup, before the engines are
+            built, so the ``@register_engine`` of users' engines runs.
         n_samples: trajectories per training prompt (the GRPO group size).
         sampling_params: SGLang-style sampling parameters of training rollouts.
         val_n_samples: trajectories per validation prompt.
@@ -51,6 +55,7 @@ class RolloutCallback(Callback):
         self,
         engine: str = "transformers",
         engine_kwargs: dict[str, Any] | None = None,
+        engine_modules: list[str] | None = None,
         n_samples: int = 8,
         sampling_params: dict[str, Any] | None = None,
         val_n_samples: int = 1,
@@ -72,6 +77,7 @@ class RolloutCallback(Callback):
         SamplingParams.from_dict(val_sampling_params, where="RolloutCallback.val_sampling_params")
         self.engine_name = engine
         self.engine_kwargs = dict(engine_kwargs or {})
+        self.engine_modules = list(engine_modules or [])
         self.n_samples, self.val_n_samples = n_samples, val_n_samples
         self.sampling_params = dict(sampling_params or {})
         self.val_sampling_params = dict(val_sampling_params or {})
@@ -105,6 +111,7 @@ class RolloutCallback(Callback):
         if not tokenizer.chat_template:
             raise ValueError(f"the tokenizer at {model_path!r} has no chat template; agents need one to build prompts")
         self._base_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        import_modules(self.engine_modules, kind="engine")
         self.engines = build_engines(self.engine_name, model_path, seed=self._base_seed, **self.engine_kwargs)
         self.manager = RolloutManager(
             self.engines,
@@ -168,15 +175,14 @@ class RolloutCallback(Callback):
 
     def _engine_busy_seconds(self) -> float | None:
         """Model compute of the in-process engines so far (None when they do not count it, as SGLang's)."""
-        counts = [engine.busy_seconds for engine in self.engines if hasattr(engine, "busy_seconds")]
+        counts = [engine.busy_seconds for engine in self.engines if engine.busy_seconds is not None]
         return sum(counts) if counts else None
 
     def _reseed(self, trainer: L.Trainer, phase: str) -> None:
         """Sampling streams keyed by (seed, rank, step, phase): a resumed run samples what an unbroken one would."""
         key = f"{self._base_seed}/{trainer.global_rank}/{trainer.global_step}/{phase}"
-        for index, engine in enumerate(self.engines):
-            if hasattr(engine, "reseed"):
-                engine.reseed(int.from_bytes(hashlib.sha256(f"{key}/{index}".encode()).digest()[:8], "little"))
+        for index, engine in enumerate(self.engines):  # a no-op for engines that cannot reseed (SGLang)
+            engine.reseed(int.from_bytes(hashlib.sha256(f"{key}/{index}".encode()).digest()[:8], "little"))
 
     # ------------------------------------------------------------------ weight sync
 
@@ -196,7 +202,7 @@ class RolloutCallback(Callback):
             self._released = False
 
     def _sync(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        shared = any(getattr(engine, "shared", False) for engine in self.engines)
+        shared = any(engine.shared for engine in self.engines)
         sync_weights(pl_module.model, self.engines, self.sync_bucket_bytes, push=trainer.is_global_zero or not shared)
         if shared:  # no rank may generate from the servers before rank 0 has updated them
             trainer.strategy.barrier("rollout_weight_sync")

@@ -1,7 +1,7 @@
-"""The rollout engine contract: SGLang's ``Engine`` API, token in / token out.
+"""The rollout engine contract: SGLang's ``Engine`` API, token in / token out, as one base class.
 
-Agents, the chat model and the rollout manager only ever talk to this protocol, so the real SGLang engine
-drops in unchanged and the transformers engine imitates it. One generation result looks like::
+Agents, the chat model and the rollout manager only ever talk to :class:`RolloutEngine`, so the real SGLang
+engine drops in unchanged and the transformers engine imitates it. One generation result looks like::
 
     {
         "output_ids": [int, ...],                 # generated tokens, the stop/EOS token included
@@ -14,24 +14,130 @@ drops in unchanged and the transformers engine imitates it. One generation resul
         },
     }
 
-Optional members the trainer uses when an engine has them: ``begin_weight_update()``/``end_weight_update()``
-(SGLang's weight-update session, opened once around all buckets of a sync), ``loop`` (the event loop the
-engine must be driven from), ``shared`` (True for servers shared by all ranks: rank 0 alone pushes weights)
-and ``reseed(seed)`` (restart the sampling streams, for exactly reproducible runs).
+Every member the trainer uses is declared here, so an engine states what it does by overriding, and the
+trainer never probes with ``hasattr``. Only generation and weight updates are abstract: everything else has
+a default that is right for an engine without that feature.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol, runtime_checkable
+import abc
+import asyncio
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
 GenerateResult = dict[str, Any]
 
 
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """What a rollout needs from an inference engine (a subset of ``sglang.Engine``)."""
+class RolloutEngine(abc.ABC):
+    """What a rollout needs from an inference engine (a subset of ``sglang.Engine``), with defaults.
+
+    Subclass it, implement :meth:`async_generate` and :meth:`update_weights_from_tensor`, and register the
+    class with :func:`~lit_agentrl.engines.register_engine` to name it in ``RolloutCallback.engine``.
+    """
+
+    shared: bool = False
+    """True for servers shared by all ranks: rank 0 alone pushes the weights, the other ranks wait for it."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+    """The event loop the engine must be driven from (in-process SGLang serves everything from its own); None: any."""
+
+    busy_seconds: float | None = None
+    """Model compute so far, for the step-time breakdown; None where the engine cannot count it (SGLang)."""
+
+    @classmethod
+    def build(cls, model_path: str, seed: int = 0, **kwargs: Any) -> list[RolloutEngine]:
+        """The engines one config entry asks for; by default one, ``cls(model_path, seed=seed, **kwargs)``.
+
+        Override it when a config describes several engines (``sglang_http``: one client per server URL).
+        """
+        engine_class: Any = cls  # subclasses define the constructor; the base has none to check against
+        return [engine_class(model_path, seed=seed, **kwargs)]
+
+    # ------------------------------------------------------------------ required
+
+    @abc.abstractmethod
+    async def async_generate(
+        self,
+        input_ids: list[int] | list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        return_logprob: bool = False,
+        **kwargs: Any,
+    ) -> GenerateResult | list[GenerateResult]:
+        """Generate for one prompt (a list of ids) or a batch (a list of lists), like ``sglang.Engine``."""
+
+    @abc.abstractmethod
+    def update_weights_from_tensor(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        load_format: str | None = None,
+        flush_cache: bool = True,
+    ) -> tuple[bool, str]:
+        """Copy ``(name, tensor)`` pairs (Hugging Face state-dict names) into the engine's weights.
+
+        Returns ``(False, message)`` without applying anything when a name or shape is wrong (see
+        :func:`check_named_tensors`), as SGLang reports failures.
+        """
+
+    # ------------------------------------------------------------------ optional, with defaults
+    # (doing nothing is the right default for most of them, hence the empty bodies and B027's noqa)
+
+    def begin_weight_update(self) -> None:  # noqa: B027
+        """Open a weight-update session around all buckets of one sync (SGLang's); nothing to open by default."""
+
+    def end_weight_update(self) -> None:  # noqa: B027
+        """Close the session of :meth:`begin_weight_update`; nothing to close by default."""
+
+    def reseed(self, seed: int) -> None:  # noqa: B027
+        """Restart the sampling streams from ``seed``, so a resumed run samples what an unbroken one would.
+
+        The trainer calls it before every rollout with a seed derived from (run seed, rank, step, phase). The
+        default does nothing: an engine that cannot restart its streams keeps sampling from them, so its runs
+        are reproducible only as far as the engine itself is (SGLang: seeded once, at launch).
+        """
+
+    def flush_cache(self) -> bool:
+        """Drop cached KV computed by older weights; True on success (nothing cached by default)."""
+        return True
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:  # noqa: B027
+        """Free accelerator memory (``weights``, ``kv_cache``) for a colocated trainer; a no-op by default."""
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:  # noqa: B027
+        """Take back the memory of :meth:`release_memory_occupation`; a no-op by default."""
+
+    def shutdown(self) -> None:  # noqa: B027
+        """Stop the engine and free what it holds; nothing to stop by default."""
+
+
+class EngineWrapper(RolloutEngine):
+    """An engine that forwards every member to ``inner``: subclass it to count, record or inject faults.
+
+    Example::
+
+        class CountingEngine(EngineWrapper):
+            async def async_generate(self, **kwargs):
+                self.calls += 1
+                return await self.inner.async_generate(**kwargs)
+    """
+
+    def __init__(self, inner: RolloutEngine) -> None:
+        self.inner = inner
+
+    # Read-only here: the wrapped engine owns these values.
+    @property
+    def shared(self) -> bool:  # type: ignore[override]
+        return self.inner.shared
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:  # type: ignore[override]
+        return self.inner.loop
+
+    @property
+    def busy_seconds(self) -> float | None:  # type: ignore[override]
+        return self.inner.busy_seconds
 
     async def async_generate(
         self,
@@ -39,22 +145,62 @@ class RolloutEngine(Protocol):
         sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
         return_logprob: bool = False,
         **kwargs: Any,
-    ) -> GenerateResult | list[GenerateResult]: ...
+    ) -> GenerateResult | list[GenerateResult]:
+        return await self.inner.async_generate(
+            input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob, **kwargs
+        )
 
     def update_weights_from_tensor(
         self,
         named_tensors: Iterable[tuple[str, torch.Tensor]],
         load_format: str | None = None,
         flush_cache: bool = True,
-    ) -> tuple[bool, str]: ...
+    ) -> tuple[bool, str]:
+        return self.inner.update_weights_from_tensor(named_tensors, load_format=load_format, flush_cache=flush_cache)
 
-    def flush_cache(self) -> bool: ...
+    def begin_weight_update(self) -> None:
+        self.inner.begin_weight_update()
 
-    def release_memory_occupation(self, tags: list[str] | None = None) -> None: ...
+    def end_weight_update(self) -> None:
+        self.inner.end_weight_update()
 
-    def resume_memory_occupation(self, tags: list[str] | None = None) -> None: ...
+    def reseed(self, seed: int) -> None:
+        self.inner.reseed(seed)
 
-    def shutdown(self) -> None: ...
+    def flush_cache(self) -> bool:
+        return self.inner.flush_cache()
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.inner.release_memory_occupation(tags)
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.inner.resume_memory_occupation(tags)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+def expected_weight_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
+    """State-dict names and shapes of the model at ``model_path``, built on the meta device (no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def check_named_tensors(pairs: list[tuple[str, torch.Tensor]], shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why ``pairs`` must not be applied, or None: every engine refuses a whole bucket before touching a weight.
+
+    SGLang would ignore an unknown name and die on a wrong shape; the transformers engine would half-apply.
+    """
+    for name, tensor in pairs:
+        if name not in shapes:
+            return f"unknown weight {name!r}; the engine's model has e.g. {sorted(shapes)[:5]}"
+        if tuple(tensor.shape) != tuple(shapes[name]):
+            return f"weight {name!r}: shape {tuple(tensor.shape)} != {tuple(shapes[name])}"
+    return None
 
 
 def output_logprobs(result: GenerateResult) -> list[float]:

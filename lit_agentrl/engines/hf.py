@@ -6,6 +6,9 @@ batch between decode steps, finished rows leave it at once, so they stop costing
 asyncio loop that runs the agents is never blocked by model compute. Identical prompts admitted together
 are prefilled once, and a request that extends a finished one (an agent's next turn) prefills only its new
 tokens, from the finished request's KV kept in a :class:`~lit_agentrl.engines.prefix_cache.PrefixCache`.
+
+This module is the API and the scheduler; the running batch and its KV cache live in
+:mod:`~lit_agentrl.engines.running_batch`, the sampler in :mod:`~lit_agentrl.engines.sampling`.
 """
 
 from __future__ import annotations
@@ -19,20 +22,21 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, cast
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
-from transformers.cache_utils import DynamicLayer
 
-from lit_agentrl.engines.base import GenerateResult
-from lit_agentrl.engines.prefix_cache import CachedPrefix, LayerKV, PrefixCache
-from lit_agentrl.engines.sampling import SamplingParams
+from lit_agentrl.dtypes import torch_dtype
+from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors
+from lit_agentrl.engines.prefix_cache import CachedPrefix, PrefixCache
+from lit_agentrl.engines.registry import register_engine
+from lit_agentrl.engines.running_batch import RunningBatch, growing_cache, kv_layers, stack_prefixes
+from lit_agentrl.engines.sampling import SamplingParams, sample_tokens
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -51,7 +55,8 @@ class _Request:
         return len(self.input_ids) + len(self.output_ids) - 1
 
 
-class TransformersEngine:
+@register_engine("transformers")
+class TransformersEngine(RolloutEngine):
     """An in-process engine over a Hugging Face causal LM with SGLang's ``Engine`` API.
 
     Args:
@@ -87,16 +92,17 @@ class TransformersEngine:
         max_admission_wait_s: float = 0.02,
         prefix_cache_mb: float = 256,
     ) -> None:
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        torch_type = torch_dtype(dtype, where="engine_kwargs.dtype")
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
         self.model_path = model_path
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype]).to(self.device).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_type)  # its ``to`` is mistyped
+        self.model: Any = model.to(self.device).eval()
         self.model.requires_grad_(False)
         # transformers 5.x renamed ``past_key_values`` to ``cache``; accept either release line.
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        forward_args = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in forward_args else "past_key_values"
         eos = self.model.generation_config.eos_token_id
         self.eos_token_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self.max_running_requests = max_running_requests
@@ -105,7 +111,8 @@ class TransformersEngine:
         self.seed = seed
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * (1 << 20))) if prefix_cache_mb > 0 else None
         self._requests_submitted = 0  # with ``seed``, determines every request's sampling stream
-        self.busy_seconds = 0.0  # model compute so far (prefills, decode steps, sampling), for the step breakdown
+        # Model compute so far (prefills, decode steps, sampling), for the step breakdown.
+        self.busy_seconds: float = 0.0
         self._waiting: queue.Queue[_Request | None] = queue.Queue()
         self._step_lock = threading.Lock()  # held for each model step and for each weight update
         self._stopped = False
@@ -153,11 +160,9 @@ class TransformersEngine:
             return False, f"load_format {load_format!r} is not supported by TransformersEngine (use None)"
         targets = self.model.state_dict(keep_vars=True)  # every name, tied aliases included (lm_head.weight)
         pairs = list(named_tensors)
-        for name, tensor in pairs:
-            if name not in targets:
-                return False, f"unknown weight {name!r}; the engine's model has e.g. {sorted(targets)[:5]}"
-            if tuple(tensor.shape) != tuple(targets[name].shape):
-                return False, f"weight {name!r}: shape {tuple(tensor.shape)} != {tuple(targets[name].shape)}"
+        problem = check_named_tensors(pairs, {name: tuple(t.shape) for name, t in targets.items()})
+        if problem:
+            return False, problem
         with self._step_lock, torch.no_grad():
             for name, tensor in pairs:
                 targets[name].copy_(tensor.to(device=self.device, dtype=targets[name].dtype))
@@ -218,7 +223,7 @@ class TransformersEngine:
         if not input_ids:
             raise ValueError("async_generate needs input_ids (a non-empty list of token ids, or a list of them)")
         batched = isinstance(input_ids[0], list)
-        prompts = input_ids if batched else [input_ids]
+        prompts = cast("list[list[int]]", input_ids if batched else [input_ids])
         params_list = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} sampling_params")
@@ -245,7 +250,7 @@ class TransformersEngine:
     # ------------------------------------------------------------------ scheduler thread
 
     def _serve(self) -> None:
-        batch = _RunningBatch()
+        batch: RunningBatch[_Request] = RunningBatch()
         pending: collections.deque[_Request] = collections.deque()
         while self._drain_queue(pending, block=not (batch.requests or pending)):
             room = self.max_running_requests - len(batch.requests)
@@ -263,7 +268,7 @@ class TransformersEngine:
                 for request in batch.requests + admitted:
                     if not request.future.done():
                         request.future.set_exception(exc)
-                batch = _RunningBatch()
+                batch = RunningBatch()
         stopped = RuntimeError("TransformersEngine has been shut down")
         for request in [*batch.requests, *pending]:
             request.future.set_exception(stopped)
@@ -272,7 +277,7 @@ class TransformersEngine:
             if item is not None:
                 item.future.set_exception(stopped)
 
-    def _drain_queue(self, pending: "collections.deque[_Request]", block: bool) -> bool:
+    def _drain_queue(self, pending: collections.deque[_Request], block: bool) -> bool:
         """Move queued requests into ``pending``; False once shut down.
 
         When idle (``block``), wait for a first request, then keep gathering while requests keep arriving
@@ -293,7 +298,7 @@ class TransformersEngine:
         except queue.Empty:
             return True
 
-    def _prefill(self, batch: "_RunningBatch", admitted: list[_Request]) -> None:
+    def _prefill(self, batch: RunningBatch[_Request], admitted: list[_Request]) -> None:
         """Prefill the admitted prompts into the running batch: each distinct prompt once, after its cached prefix."""
         distinct: dict[tuple[int, ...], int] = {}
         rows = [distinct.setdefault(tuple(r.input_ids), len(distinct)) for r in admitted]
@@ -302,7 +307,7 @@ class TransformersEngine:
         cache, mask, logits = self._forward_prompts(prompts, cached)
         if len(prompts) < len(admitted):  # copies of one prompt share its prefill
             index = torch.tensor(rows, device=self.device)
-            for layer in cache.layers:
+            for layer in kv_layers(cache):
                 layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
             mask, logits = mask.index_select(0, index), logits.index_select(0, index)
         batch.merge(admitted, cache, mask)
@@ -328,9 +333,9 @@ class TransformersEngine:
             positions[row, width - len(new) :] = torch.arange(reused, reused + len(new))
             mask[row, past - reused : past] = 1
             mask[row, past + width - len(new) :] = 1
-        cache = _growing_cache()
+        cache = growing_cache()
         if past:
-            for index, layer in enumerate(_stack_prefixes(cached, past, self.device)):
+            for index, layer in enumerate(stack_prefixes(cached, past, self.device)):
                 cache.update(*layer, index)
         mask = mask.to(self.device)
         logits = self.model(
@@ -343,20 +348,19 @@ class TransformersEngine:
         ).logits[:, -1, :]
         return cache, mask, logits
 
-    def _decode(self, batch: "_RunningBatch") -> None:
+    def _decode(self, batch: RunningBatch[_Request]) -> None:
         last = torch.tensor([[r.output_ids[-1]] for r in batch.requests], device=self.device)
         positions = torch.tensor([[r.next_position] for r in batch.requests], device=self.device)
-        batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
         logits = self.model(
             input_ids=last,
-            attention_mask=batch.mask,
+            attention_mask=batch.step_mask(),
             position_ids=positions,
             **{self._cache_kwarg: batch.cache},
             use_cache=True,
         ).logits[:, -1, :]
         self._sample_and_finish(batch, logits, rows=range(len(batch.requests)))
 
-    def _sample_and_finish(self, batch: "_RunningBatch", logits: torch.Tensor, rows: range) -> None:
+    def _sample_and_finish(self, batch: RunningBatch[_Request], logits: torch.Tensor, rows: range) -> None:
         requests = [batch.requests[i] for i in rows]
         uniforms = torch.tensor([r.rng.random() for r in requests], device=logits.device)
         tokens, logprobs = sample_tokens(logits.float(), [r.params for r in requests], uniforms)
@@ -397,160 +401,3 @@ class TransformersEngine:
         if request.return_logprob:
             meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(request.logprobs, request.output_ids)]
         return {"output_ids": list(request.output_ids), "meta_info": meta}
-
-
-class _RunningBatch:
-    """The rows being decoded together: their requests, a shared KV cache and its attention mask.
-
-    Rows are left-aligned to the cache's right edge: a row's padding sits at the left, masked out.
-    """
-
-    def __init__(self) -> None:
-        self.requests: list[_Request] = []
-        self.cache: DynamicCache | None = None
-        self.mask: torch.Tensor | None = None  # [B, L]
-
-    def merge(self, requests: list[_Request], cache: DynamicCache, mask: torch.Tensor) -> None:
-        if self.cache is None:
-            self.requests, self.cache, self.mask = list(requests), cache, mask
-            return
-        width = max(self.mask.shape[1], mask.shape[1])
-        for old, new in zip(self.cache.layers, cache.layers):
-            old.keys = torch.cat([_left_pad(old.keys, width, -2), _left_pad(new.keys, width, -2)], dim=0)
-            old.values = torch.cat([_left_pad(old.values, width, -2), _left_pad(new.values, width, -2)], dim=0)
-        self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)], dim=0)
-        self.requests.extend(requests)
-
-    def row_kv(self, row: int) -> list[LayerKV]:
-        """One row's keys and values over its real (unmasked) tokens, per layer: [kv_heads, T, head_dim]."""
-        columns = self.mask[row].nonzero().squeeze(-1)
-        return [(layer.keys[row].index_select(1, columns), layer.values[row].index_select(1, columns)) for layer in self.cache.layers]
-
-    def drop(self, rows: list[int]) -> None:
-        keep = [i for i in range(len(self.requests)) if i not in set(rows)]
-        self.requests = [self.requests[i] for i in keep]
-        if not keep:
-            self.cache, self.mask = None, None
-            return
-        index = torch.tensor(keep, device=self.mask.device)
-        # Columns that are padding for every remaining row no longer need to be attended over.
-        mask = self.mask.index_select(0, index)
-        first = int(mask.any(dim=0).int().argmax())
-        self.mask = mask[:, first:]
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
-            layer.values = layer.values.index_select(0, index)[:, :, first:]
-
-
-class _GrowingLayer(DynamicLayer):
-    """A KV cache layer that writes each step into spare room instead of concatenating.
-
-    ``DynamicLayer`` copies the whole cache at every decode step (``torch.cat``), which costs as much as the
-    attention itself on long rows. Here ``keys``/``values`` are views into larger buffers, so a step writes
-    only its new tokens; whenever the running batch replaces the tensors (rows joining or leaving), the next
-    update moves them into a fresh buffer with room to grow.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._key_buffer: torch.Tensor | None = None
-        self._value_buffer: torch.Tensor | None = None
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
-        used, new = self.keys.shape[-2], key_states.shape[-2]
-        if not self._owns_room_for(used + new):
-            room = used + new + max(64, (used + new) // 2)
-            self._key_buffer = self._grown(self.keys, room)
-            self._value_buffer = self._grown(self.values, room)
-        self._key_buffer[:, :, used : used + new] = key_states
-        self._value_buffer[:, :, used : used + new] = value_states
-        self.keys, self.values = self._key_buffer[:, :, : used + new], self._value_buffer[:, :, : used + new]
-        return self.keys, self.values
-
-    def _owns_room_for(self, length: int) -> bool:
-        buffer = self._key_buffer
-        return (
-            buffer is not None
-            and buffer.shape[-2] >= length
-            and self.keys.data_ptr() == buffer.data_ptr()
-            and self.values.data_ptr() == self._value_buffer.data_ptr()
-            and self.keys.shape[0] == buffer.shape[0]
-        )
-
-    @staticmethod
-    def _grown(t: torch.Tensor, room: int) -> torch.Tensor:
-        buffer = t.new_empty((t.shape[0], t.shape[1], room, t.shape[3]))
-        buffer[:, :, : t.shape[-2]] = t
-        return buffer
-
-
-def _growing_cache() -> DynamicCache:
-    cache = DynamicCache()
-    cache.layer_class_to_replicate = _GrowingLayer
-    return cache
-
-
-def _stack_prefixes(cached: list[CachedPrefix | None], width: int, device: torch.device) -> list[LayerKV]:
-    """Per layer, the rows' cached keys and values left-padded with zeros to ``width``: [B, kv_heads, width, d]."""
-    template = next(c for c in cached if c is not None).kv
-    layers = []
-    for index, (keys, values) in enumerate(template):
-        empty = keys.new_zeros((keys.shape[0], 0, keys.shape[2]))
-        parts = [(c.kv[index] if c is not None else (empty, empty)) for c in cached]
-        layers.append(tuple(torch.stack([_left_pad(t[i], width, 1) for t in parts]).to(device) for i in (0, 1)))
-    return layers
-
-
-def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    missing = width - t.shape[dim]
-    if missing == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-def sample_tokens(
-    logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row with per-row temperature/top-k/top-p/min-p; returns (tokens, logprobs).
-
-    logits: [B, V] float32; uniforms: [B] in [0, 1), one draw from each row's own stream (inverse-CDF
-    sampling), so a row's tokens do not depend on which other rows share its batch. The logprob is that
-    of the sampled token under softmax(logits / T) (raw logits for greedy rows), i.e. before truncation,
-    matching what the trainer recomputes.
-    """
-    device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device)
-    greedy = temperature == 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
-    logprobs_all = torch.log_softmax(scaled, dim=-1)
-    filtered = _truncate(scaled, params)
-    probs = torch.softmax(filtered, dim=-1)
-    cdf = probs.cumsum(dim=-1)
-    sampled = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(-1)).squeeze(-1).clamp(max=probs.shape[-1] - 1)
-    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
-    return tokens, logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
-def _truncate(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Mask logits outside each row's top-k / top-p / min-p set with -inf."""
-    if all(p.top_k == -1 and p.top_p >= 1.0 and p.min_p <= 0.0 for p in params):
-        return scaled
-    device = scaled.device
-    vocab = scaled.shape[-1]
-    top_k = torch.tensor([vocab if p.top_k == -1 else min(p.top_k, vocab) for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device)
-    min_p = torch.tensor([p.min_p for p in params], device=device)
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    sorted_probs = sorted_logits.softmax(dim=-1)
-    ranks = torch.arange(vocab, device=device).unsqueeze(0)
-    drop = ranks >= top_k.unsqueeze(-1)
-    drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_p.unsqueeze(-1)
-    drop |= sorted_probs < min_p.unsqueeze(-1) * sorted_probs[:, :1]
-    drop[:, 0] = False  # the most likely token always survives
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)

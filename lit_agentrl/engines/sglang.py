@@ -1,19 +1,23 @@
 """SGLang rollout engines: an in-process ``sglang.Engine`` (token in / token out), and SGLang HTTP servers.
 
-Both satisfy the engine contract of :mod:`lit_agentrl.engines.base` unchanged. Written against SGLang
+Both are :class:`~lit_agentrl.engines.base.RolloutEngine` subclasses, registered as ``sglang`` and
+``sglang_http``; SGLang itself is imported only when an in-process engine is built. Written against SGLang
 0.5.23, whose weight updates run inside a session: ``begin_weight_update()``, any number of
 ``update_weights_from_tensor(...)``, ``end_weight_update()``.
 """
 
 from __future__ import annotations
 
+import abc
 import base64
 import pickle
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
-from lit_agentrl.engines.base import GenerateResult
+from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors, expected_weight_shapes
+from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.sampling import SamplingParams
 
 
@@ -28,34 +32,16 @@ def _import_sglang() -> Any:
     return sglang
 
 
-def expected_weight_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
-    """State-dict names and shapes of the model at ``model_path``, built on the meta device (no memory)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(model_path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
-
-
-def check_named_tensors(pairs: list[tuple[str, torch.Tensor]], shapes: dict[str, tuple[int, ...]]) -> str | None:
-    """Why ``pairs`` must not be sent, or None. SGLang ignores unknown names and dies on a wrong shape."""
-    for name, tensor in pairs:
-        if name not in shapes:
-            return f"unknown weight {name!r}; the engine's model has e.g. {sorted(shapes)[:5]}"
-        if tuple(tensor.shape) != shapes[name]:
-            return f"weight {name!r}: shape {tuple(tensor.shape)} != {shapes[name]}"
-    return None
-
-
 def _validated(sampling_params: dict[str, Any] | list[dict[str, Any]] | None) -> Any:
     for params in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
         SamplingParams.from_dict(params)
     return sampling_params if sampling_params is not None else {}
 
 
-class _WeightSession:
-    """SGLang 0.5.23's weight-update session around checked pushes; subclasses provide the transport."""
+class _SGLangBase(RolloutEngine):
+    """What both SGLang engines share: SGLang 0.5.23's weight-update session around checked pushes (subclasses
+    provide the transport), and no reseeding.
+    """
 
     _shapes: dict[str, tuple[int, ...]]
     _in_session = False
@@ -90,14 +76,22 @@ class _WeightSession:
             if own_session:
                 self.end_weight_update()
 
+    def reseed(self, seed: int) -> None:
+        """Does nothing: SGLang seeds its sampling once, from ``random_seed`` at launch, and the trainer does not
+        set a per-request ``sampling_seed``, so a resumed run does not replay the samples of an unbroken one.
+        """
+
+    @abc.abstractmethod
     def _call(self, what: str) -> Any:
-        raise NotImplementedError
+        """Call SGLang's control method ``what`` (no arguments) and return its answer."""
 
+    @abc.abstractmethod
     def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
-        raise NotImplementedError
+        """Send one checked bucket of weights and return SGLang's answer."""
 
 
-class SGLangEngine(_WeightSession):
+@register_engine("sglang")
+class SGLangEngine(_SGLangBase):
     """An in-process ``sglang.Engine`` with ``skip_tokenizer_init=True``.
 
     Args:
@@ -112,7 +106,8 @@ class SGLangEngine(_WeightSession):
         **server_args: any other ``ServerArgs`` field, passed through (``device``, ``max_total_tokens``, ...).
 
     ``loop`` is SGLang's own event loop: the rollout manager runs its agents on it, since SGLang's
-    tokenizer manager serves every request and control call from one loop.
+    tokenizer manager serves every request and control call from one loop. ``busy_seconds`` is None (SGLang
+    does not report its compute) and :meth:`reseed` does nothing (samples follow ``seed``, set once).
     """
 
     shared = False  # one engine per rank
@@ -201,7 +196,8 @@ class SGLangEngine(_WeightSession):
         self._engine.shutdown()
 
 
-class SGLangHTTPEngine(_WeightSession):
+@register_engine("sglang_http")
+class SGLangHTTPEngine(_SGLangBase):
     """An already running SGLang server (``python -m sglang.launch_server --skip-tokenizer-init ...``).
 
     Args:
@@ -213,10 +209,19 @@ class SGLangHTTPEngine(_WeightSession):
 
     Servers are shared by all training ranks (``shared = True``): rank 0 alone pushes weights. Weights
     travel inline in the request (pickled, base64), which suits small models and tests; large models
-    belong on the servers' own update paths (disk or NCCL).
+    belong on the servers' own update paths (disk or NCCL). As for :class:`SGLangEngine`, ``busy_seconds``
+    is None and :meth:`reseed` does nothing: the servers' ``--random-seed`` sets the samples.
     """
 
     shared = True
+
+    @classmethod
+    def build(cls, model_path: str, seed: int = 0, **kwargs: Any) -> list[RolloutEngine]:
+        """One client per server in ``engine_kwargs.urls``; ``seed`` is unused (the servers have their own)."""
+        urls = kwargs.pop("urls", None)
+        if not urls:
+            raise ValueError("engine 'sglang_http' needs engine_kwargs.urls: a list of SGLang server URLs")
+        return [cls(url, model_path, **kwargs) for url in urls]
 
     def __init__(self, url: str, model_path: str, timeout_s: float = 600.0, tp_size: int = 1) -> None:
         import httpx
@@ -245,7 +250,11 @@ class SGLangHTTPEngine(_WeightSession):
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:
-        body = {"input_ids": input_ids, "sampling_params": _validated(sampling_params), "return_logprob": return_logprob}
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": _validated(sampling_params),
+            "return_logprob": return_logprob,
+        }
         response = await self._client().post("/generate", json={**body, **kwargs})
         response.raise_for_status()
         result = response.json()
@@ -271,7 +280,11 @@ class SGLangHTTPEngine(_WeightSession):
         """Weights travel inline: pickled CPU tensors, base64, one payload per tensor-parallel rank."""
         cpu_pairs = [(name, tensor.cpu().contiguous()) for name, tensor in pairs]
         payload = base64.b64encode(pickle.dumps(cpu_pairs)).decode()
-        body = {"serialized_named_tensors": [payload] * self.tp_size, "load_format": load_format, "flush_cache": flush_cache}
+        body = {
+            "serialized_named_tensors": [payload] * self.tp_size,
+            "load_format": load_format,
+            "flush_cache": flush_cache,
+        }
         return self._post("/update_weights_from_tensor", body)
 
     def abort_all(self) -> None:

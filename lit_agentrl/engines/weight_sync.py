@@ -6,7 +6,7 @@ the parameters in the same order. Buckets bound the memory held at once to about
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -42,14 +42,13 @@ def sync_weights(
     """Copy every parameter of ``model`` into each engine; returns the number of tensors gathered.
 
     Every rank must call this (gathering is collective); ``push=False`` gathers without sending (a rank
-    whose engines are shared servers that rank 0 updates). Engines with a weight-update session
-    (SGLang's ``begin_weight_update``/``end_weight_update``) get one session around all buckets. Raises
+    whose engines are shared servers that rank 0 updates). Each engine gets one weight-update session
+    (``begin_weight_update``/``end_weight_update``, SGLang's; a no-op elsewhere) around all buckets. Raises
     ``RuntimeError`` with the engine's message when an update fails.
     """
     targets = engines if push else []
     for engine in targets:
-        if hasattr(engine, "begin_weight_update"):
-            engine.begin_weight_update()
+        engine.begin_weight_update()
     gathered = 0
     try:
         for bucket in buckets(full_named_parameters(model), bucket_bytes):
@@ -60,8 +59,7 @@ def sync_weights(
             gathered += len(bucket)
     finally:
         for engine in targets:
-            if hasattr(engine, "end_weight_update"):
-                engine.end_weight_update()
+            engine.end_weight_update()
     for engine in targets:
         engine.flush_cache()
     return gathered

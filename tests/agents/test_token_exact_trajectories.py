@@ -10,8 +10,9 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from support import MATH_EVAL_CFG, MATH_SAMPLE_TRAIN, tool_call_text
 
 from lit_agentrl.agents import ChatModel, count_template_drift, load_agent_cfg
-from lit_agentrl.agents.matheval import MathEvalAgentGraph
 from lit_agentrl.agents.drift import expected_token_ids
+from lit_agentrl.agents.matheval import MathEvalAgentGraph
+from lit_agentrl.engines.base import EngineWrapper
 from lit_agentrl.rows import agent_run_kwargs
 
 SAMPLING = {"max_new_tokens": 64, "temperature": 1.0}
@@ -36,7 +37,7 @@ def assert_token_invariants(output, engine) -> None:
         assert ids[: len(call)] == call
 
 
-class RecordingScripted:
+class RecordingScripted(EngineWrapper):
     """Wraps a ScriptedEngine to keep each reply's ids and logprobs."""
 
     def __init__(self, inner) -> None:

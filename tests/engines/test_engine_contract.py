@@ -15,22 +15,48 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import SGLANG_CPU, SGLANG_SHIM, require_sglang
 from transformers import AutoModelForCausalLM
 
-from support import SGLANG_CPU, SGLANG_SHIM, require_sglang
-
-from lit_agentrl.engines.base import output_logprobs
+from lit_agentrl.engines import get_engine_class
+from lit_agentrl.engines.base import RolloutEngine, output_logprobs
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33]]
 
 
 def start_http_server(model_dir: Path, port: int) -> subprocess.Popen:
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join([str(SGLANG_SHIM), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--device", "cpu",
-               "--attention-backend", "torch_native", "--dtype", "float32", "--skip-tokenizer-init",
-               "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "4096", "--mem-fraction-static", "0.05",
-               "--random-seed", "0", "--log-level", "warning"]
+    env = {
+        **os.environ,
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(SGLANG_SHIM), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--dtype",
+        "float32",
+        "--skip-tokenizer-init",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-total-tokens",
+        "4096",
+        "--mem-fraction-static",
+        "0.05",
+        "--random-seed",
+        "0",
+        "--log-level",
+        "warning",
+    ]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -50,8 +76,14 @@ def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 180) -> 
     raise TimeoutError(f"SGLang server at {url} not healthy after {timeout_s}s")
 
 
-@pytest.fixture(scope="module", params=["transformers", pytest.param("sglang", marks=pytest.mark.sglang),
-                                        pytest.param("sglang_http", marks=pytest.mark.sglang)])
+@pytest.fixture(
+    scope="module",
+    params=[
+        "transformers",
+        pytest.param("sglang", marks=pytest.mark.sglang),
+        pytest.param("sglang_http", marks=pytest.mark.sglang),
+    ],
+)
 def contract_engine(request, tiny_model_dir):
     kind = request.param
     if kind == "transformers":
@@ -83,14 +115,17 @@ def contract_engine(request, tiny_model_dir):
 
 def run(engine, coro):
     """Run on the engine's own loop when it has one (in-process SGLang), else on a fresh one."""
-    loop = getattr(engine, "loop", None)
+    loop = engine.loop
     return loop.run_until_complete(coro) if loop is not None else asyncio.new_event_loop().run_until_complete(coro)
 
 
 def generate_many(engine, prompts, params, return_logprob=False):
     async def many():
         return await asyncio.gather(
-            *(engine.async_generate(input_ids=p, sampling_params=params, return_logprob=return_logprob) for p in prompts)
+            *(
+                engine.async_generate(input_ids=p, sampling_params=params, return_logprob=return_logprob)
+                for p in prompts
+            )
         )
 
     return run(engine, many())
@@ -99,6 +134,14 @@ def generate_many(engine, prompts, params, return_logprob=False):
 def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
     out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None)
     return out[0, len(prompt) :].tolist()
+
+
+def test_is_the_engine_registered_under_its_name(contract_engine, request):
+    kind = request.node.callspec.params["contract_engine"]
+    assert isinstance(contract_engine, RolloutEngine) and type(contract_engine) is get_engine_class(kind)
+    assert contract_engine.shared == (kind == "sglang_http")
+    assert (contract_engine.loop is not None) == (kind == "sglang")  # in-process SGLang is driven from its own loop
+    assert (contract_engine.busy_seconds is None) == kind.startswith("sglang")
 
 
 def test_greedy_tokens_and_logprobs_match_the_policy(contract_engine, policy_model):
@@ -110,14 +153,20 @@ def test_greedy_tokens_and_logprobs_match_the_policy(contract_engine, policy_mod
         assert [entry[1] for entry in meta["output_token_logprobs"]] == result["output_ids"]
         with torch.no_grad():
             logits = policy_model(torch.tensor([prompt + result["output_ids"]])).logits[0, len(prompt) - 1 : -1]
-        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(result["output_ids"]).unsqueeze(-1)).squeeze(-1)
+        expected = (
+            torch.log_softmax(logits, -1).gather(-1, torch.tensor(result["output_ids"]).unsqueeze(-1)).squeeze(-1)
+        )
         torch.testing.assert_close(torch.tensor(output_logprobs(result)), expected, atol=1e-4, rtol=0)
 
 
 def test_sampled_logprobs_are_temperature_scaled(contract_engine, policy_model):
-    (result,) = generate_many(contract_engine, [PROMPTS[1]], {"temperature": 0.7, "max_new_tokens": 8, "ignore_eos": True}, True)
+    (result,) = generate_many(
+        contract_engine, [PROMPTS[1]], {"temperature": 0.7, "max_new_tokens": 8, "ignore_eos": True}, True
+    )
     with torch.no_grad():
-        logits = policy_model(torch.tensor([PROMPTS[1] + result["output_ids"]])).logits[0, len(PROMPTS[1]) - 1 : -1] / 0.7
+        logits = (
+            policy_model(torch.tensor([PROMPTS[1] + result["output_ids"]])).logits[0, len(PROMPTS[1]) - 1 : -1] / 0.7
+        )
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(result["output_ids"]).unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(torch.tensor(output_logprobs(result)), expected, atol=1e-4, rtol=0)
 
@@ -127,7 +176,9 @@ def test_stop_token_and_max_new_tokens(contract_engine, policy_model):
     stop = greedy[3]
     eos = policy_model.generation_config.eos_token_id
     end = min(i for i, t in enumerate(greedy) if t in (stop, eos))
-    (stopped,) = generate_many(contract_engine, [PROMPTS[1]], {"temperature": 0.0, "max_new_tokens": 8, "stop_token_ids": [stop]})
+    (stopped,) = generate_many(
+        contract_engine, [PROMPTS[1]], {"temperature": 0.0, "max_new_tokens": 8, "stop_token_ids": [stop]}
+    )
     assert stopped["output_ids"] == greedy[: end + 1]
     assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": greedy[end]}
     (ignored,) = generate_many(contract_engine, [PROMPTS[1]], {**GREEDY, "stop_token_ids": [stop]})
@@ -137,7 +188,10 @@ def test_stop_token_and_max_new_tokens(contract_engine, policy_model):
 
 
 def test_several_samples_per_prompt(contract_engine):
-    results = run(contract_engine, contract_engine.async_generate(input_ids=PROMPTS[:2], sampling_params={"max_new_tokens": 4, "n": 3}))
+    results = run(
+        contract_engine,
+        contract_engine.async_generate(input_ids=PROMPTS[:2], sampling_params={"max_new_tokens": 4, "n": 3}),
+    )
     assert len(results) == 6 and all(1 <= len(r["output_ids"]) <= 4 for r in results)
 
 

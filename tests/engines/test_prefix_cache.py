@@ -58,7 +58,9 @@ def test_identical_prompts_share_a_prefill_and_keep_their_own_samples(cached_eng
     assert [r["output_ids"] for r in together] == [r["output_ids"] for r in alone]
     assert together[0]["output_ids"] == together[3]["output_ids"] != together[1]["output_ids"]
     for a, b in zip(together, alone):
-        torch.testing.assert_close(torch.tensor(output_logprobs(a)), torch.tensor(output_logprobs(b)), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(output_logprobs(a)), torch.tensor(output_logprobs(b)), atol=1e-5, rtol=0
+        )
 
 
 def test_weight_updates_and_flush_drop_the_kept_prefixes(cached_engine):
@@ -93,7 +95,8 @@ def test_prefix_cache_takes_the_longest_prefix_leaves_one_token_and_evicts_least
     cache.store([7, 8, 9], _kv(3))
     assert cache.pop_longest_prefix([5, 6]) is None
     hit = cache.pop_longest_prefix([1, 2, 3, 4, 5])
-    assert hit.length == 4 and hit.kv[0][0].shape == (1, 4, 4) and len(cache) == 2  # taken out: its extension comes back
+    # Taken out: its extension comes back.
+    assert hit.length == 4 and hit.kv[0][0].shape == (1, 4, 4) and len(cache) == 2
     hit = cache.pop_longest_prefix([7, 8, 9])  # the whole prompt is cached: its last token is still fed
     assert hit.length == 2 and hit.kv[1][0].shape == (1, 2, 4)
     cache.store([20] * 6, _kv(6))
@@ -105,9 +108,9 @@ def test_prefix_cache_takes_the_longest_prefix_leaves_one_token_and_evicts_least
 
 
 def test_growing_cache_layer_writes_in_place_and_survives_replaced_rows():
-    from lit_agentrl.engines.hf import _growing_cache
+    from lit_agentrl.engines.running_batch import growing_cache
 
-    cache = _growing_cache()
+    cache = growing_cache()
     g = torch.Generator().manual_seed(0)
     steps = [torch.randn(3, 2, n, 4, generator=g) for n in (5, 1, 1)]
     expected = torch.cat(steps, dim=-2)

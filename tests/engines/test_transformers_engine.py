@@ -7,6 +7,7 @@ import asyncio
 import pytest
 import torch
 
+from lit_agentrl.engines import get_engine_class
 from lit_agentrl.engines.base import RolloutEngine, output_logprobs
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.engines.sampling import SamplingParams
@@ -30,8 +31,15 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_satisfies_protocol(engine):
-    assert isinstance(engine, RolloutEngine)
+def test_is_the_registered_rollout_engine(engine):
+    assert isinstance(engine, RolloutEngine) and get_engine_class("transformers") is TransformersEngine
+    assert engine.shared is False and engine.loop is None
+    assert isinstance(engine.busy_seconds, float)  # it counts its compute, unlike SGLang
+
+
+def test_unknown_dtype_names_the_setting(tiny_model_dir):
+    with pytest.raises(ValueError, match=r"engine_kwargs\.dtype must be one of .*'float32'.*got 'int8'"):
+        TransformersEngine(str(tiny_model_dir), dtype="int8")
 
 
 def test_concurrent_greedy_matches_generate(engine, policy_model):
@@ -164,7 +172,9 @@ def test_invalid_sampling_params_are_refused(engine, params, fragment):
 
 
 def test_top_k_one_is_greedy(engine, policy_model):
-    result = engine.generate(input_ids=PROMPTS[0], sampling_params={"top_k": 1, "max_new_tokens": 6, "ignore_eos": True})
+    result = engine.generate(
+        input_ids=PROMPTS[0], sampling_params={"top_k": 1, "max_new_tokens": 6, "ignore_eos": True}
+    )
     assert result["output_ids"] == reference_greedy(policy_model, PROMPTS[0], 6)
 
 

@@ -12,6 +12,7 @@ from support import MATH_SAMPLE_TRAIN, tool_call_text
 
 from lit_agentrl.agents.config import load_agent_cfg
 from lit_agentrl.agents.matheval import MathEvalAgentGraph
+from lit_agentrl.engines.base import EngineWrapper
 from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.rows import agent_run_kwargs
 
@@ -42,7 +43,7 @@ def test_hanging_tool_times_out_and_is_counted(engine, tokenizer):
     assert all(t.failure_reason.startswith("timeout") for t in batch.trajectories)
 
 
-class FlakyEngine:
+class FlakyEngine(EngineWrapper):
     """Every other request fails, as an engine that lost a worker or rejected a request would."""
 
     def __init__(self, inner) -> None:
@@ -66,6 +67,7 @@ def test_engine_errors_fail_only_their_trajectories(engine, tokenizer):
     assert all(t.num_generated_tokens > 0 for t in batch.trajectories if not t.failed)
 
 
+@pytest.mark.slow
 def test_too_many_failures_stop_the_run_quoting_the_reasons(tmp_path, quickstart_model_dir):
     from support import quick_config
 

@@ -9,6 +9,7 @@ import pytest
 from support import MATH_SAMPLE_TRAIN
 
 from lit_agentrl.agents import AgentGraph, AgentGraphOutput, register
+from lit_agentrl.engines.base import EngineWrapper
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.metrics import RolloutMetrics
 from lit_agentrl.rollout.manager import RolloutManager
@@ -138,7 +139,7 @@ def test_invalid_sampling_params_fail_before_any_trajectory(engine, tokenizer):
         manager.generate([row("test_raising_agent")], n_samples=1, sampling_params={"temperature": -1})
 
 
-class CountingEngine:
+class CountingEngine(EngineWrapper):
     """Delegates to a real engine while recording the peak number of concurrent requests."""
 
     def __init__(self, inner: TransformersEngine) -> None:

@@ -1,0 +1,89 @@
+"""The engine registry: ``RolloutCallback.engine`` name -> :class:`RolloutEngine` subclass, by ``@register_engine``.
+
+The built-in engines register themselves when their module is imported; that happens on first use, so naming
+``transformers`` does not import SGLang's client code, and importing :mod:`lit_agentrl.engines` imports neither.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from lit_agentrl.engines.base import RolloutEngine
+
+log = logging.getLogger(__name__)
+_REGISTRY: dict[str, type[RolloutEngine]] = {}
+_BUILTIN_MODULES = {
+    "transformers": "lit_agentrl.engines.hf",
+    "sglang": "lit_agentrl.engines.sglang",
+    "sglang_http": "lit_agentrl.engines.sglang",
+}
+E = TypeVar("E", bound=type[RolloutEngine])
+
+
+def register_engine(name: str) -> Callable[[E], E]:
+    """Class decorator: make this :class:`RolloutEngine` subclass the engine called ``name`` in configs.
+
+    Example::
+
+        @register_engine("my_server")
+        class MyServerEngine(RolloutEngine):
+            async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False, **kw): ...
+            def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True): ...
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_engine() needs a non-empty engine name, got {name!r}")
+
+    def decorator(cls: E) -> E:
+        if not (isinstance(cls, type) and issubclass(cls, RolloutEngine)):
+            raise TypeError(
+                f"@register_engine({name!r}) needs a subclass of lit_agentrl.engines.RolloutEngine, got {cls!r}"
+            )
+        if inspect.isabstract(cls):
+            missing = sorted(getattr(cls, "__abstractmethods__", ()))
+            raise TypeError(f"@register_engine({name!r}): {_qualified(cls)} does not implement {missing}")
+        existing = _REGISTRY.get(name)
+        if existing is not None and _qualified(existing) != _qualified(cls):
+            log.warning("engine name %r: %s replaces %s", name, _qualified(cls), _qualified(existing))
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorator
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def registered_engines() -> list[str]:
+    """Names of every engine a config may choose (the built-ins, and those registered so far), sorted."""
+    return sorted(set(_REGISTRY) | set(_BUILTIN_MODULES))
+
+
+def get_engine_class(name: str) -> type[RolloutEngine]:
+    """The class registered as ``name`` (importing a built-in's module on first use).
+
+    Raises ``ValueError`` listing the registered names and how to register another.
+    """
+    if name not in _REGISTRY and name in _BUILTIN_MODULES:
+        importlib.import_module(_BUILTIN_MODULES[name])
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown rollout engine {name!r}; registered engines: {registered_engines()}. To add one, subclass "
+            f"lit_agentrl.engines.RolloutEngine, decorate it with @register_engine({name!r}) and list its module "
+            "in RolloutCallback.engine_modules."
+        ) from None
+
+
+def build_engines(name: str, model_path: str, seed: int = 0, **kwargs: Any) -> list[RolloutEngine]:
+    """The engines called ``name`` over the model at ``model_path``, built by the class's :meth:`~RolloutEngine.build`.
+
+    ``kwargs`` (the config's ``engine_kwargs``) go to the constructor: ``transformers`` and ``sglang`` give one
+    in-process engine; ``sglang_http`` gives one client per entry of ``urls`` (balanced by the rollout manager).
+    """
+    return get_engine_class(name).build(model_path, seed=seed, **kwargs)
