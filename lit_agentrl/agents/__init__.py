@@ -2,12 +2,12 @@
 
 from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput, BaseAgentGraph
 from lit_agentrl.agents.chat_model import ChatModel, CustomChatModel
-from lit_agentrl.agents.config import load_agent_cfg
+from lit_agentrl.agents.config import cfg_get, load_agent_cfg
 from lit_agentrl.agents.drift import count_template_drift
 from lit_agentrl.agents.registry import get_agent_class, import_agent_modules, register, registered_agents
 
 # Built-in agents register themselves on import.
-from lit_agentrl.agents import guess_digit, mathcode, matheval, single_turn  # noqa: E402,F401  isort: skip
+from lit_agentrl.agents import guess_digit, mathcode, matheval, single_turn  # noqa: F401  isort: skip
 
 __all__ = [
     "AgentGraph",
@@ -15,6 +15,7 @@ __all__ = [
     "BaseAgentGraph",
     "ChatModel",
     "CustomChatModel",
+    "cfg_get",
     "count_template_drift",
     "get_agent_class",
     "import_agent_modules",

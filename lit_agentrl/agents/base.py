@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from langchain_core.language_models.base import LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.runnables import Runnable
 from pydantic import BaseModel, Field
 
 from lit_agentrl.agents.chat_model import ChatModel, find_last_ai_index
@@ -46,7 +49,7 @@ class AgentGraph(ABC):
         cfg: the YAML at the row's ``agent_cfg_path`` (``cfg.xxx``/``cfg["xxx"]``), None without one.
         llm: the rollout engine (SGLang's ``Engine`` API).
         tokenizer: the policy's tokenizer, with its chat template.
-        processor: a multimodal processor, when the model has one.
+        processor: kept for the seed's signature and for vision-language agents; None for text models.
 
     Subclasses implement :meth:`build_graph` and ``async run(messages, sampling_params, **kwargs)``; every
     field of the dataset row reaches ``run`` as a keyword argument (the ground truth also as
@@ -60,6 +63,8 @@ class AgentGraph(ABC):
 
     check_template_drift: bool = False
     """When True, :meth:`convert_agent_graph_output` records ``extra_fields["template_drift"]``."""
+    chatmodel: Runnable[LanguageModelInput, AIMessage]
+    """The graph's chat model (a :class:`ChatModel`, possibly with tools bound), made by :meth:`build_graph`."""
 
     def __init__(
         self,
@@ -77,9 +82,13 @@ class AgentGraph(ABC):
         self.processor = processor
         self.kwargs = kwargs
 
+    def make_chat_model(self) -> ChatModel:
+        """A :class:`ChatModel` over this agent's engine and tokenizer (bind tools with ``.bind_tools``)."""
+        return ChatModel(model=self.agent_name, llm=self.llm, tokenizer=self.tokenizer, processor=self.processor)
+
     def build_graph(self) -> Any:
         """Build the LangGraph workflow; the base version only makes ``self.chatmodel``."""
-        self.chatmodel = ChatModel(model=self.agent_name, llm=self.llm, tokenizer=self.tokenizer, processor=self.processor)
+        self.chatmodel = self.make_chat_model()
 
     @abstractmethod
     async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:

@@ -10,13 +10,15 @@ engine produced, never re-tokenized from text, and ``response_metadata`` carries
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.base import LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 
@@ -44,7 +46,7 @@ class ChatModel(BaseChatModel):
         model: a name for the model (``model_name``).
         llm: the rollout engine.
         tokenizer: the policy tokenizer, with a chat template.
-        processor: a multimodal processor (kept for the seed's signature; text only for now).
+        processor: kept for the seed's signature and for vision-language agents; None for text models.
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
         max_parallel_calls: keep at most this many tool calls per turn (None keeps all).
 
@@ -61,30 +63,47 @@ class ChatModel(BaseChatModel):
     tokenizer: Any
     processor: Any = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=lambda: {"enable_thinking": False})
-    max_parallel_calls: Optional[int] = None
+    max_parallel_calls: int | None = None
     _prompt_cache: dict[str, list[int]] = PrivateAttr(default_factory=dict)
 
     @property
     def _llm_type(self) -> str:
         return f"lit-agentrl:{self.model_name}"
 
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[LanguageModelInput, BaseMessage]:
-        """Bind tools (LangChain tools, functions or schemas); ``**kwargs`` parameters are not shown to the model."""
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools (LangChain tools, functions or schemas); ``**kwargs`` parameters are not shown to the model.
+
+        ``tool_choice`` and other keyword arguments are bound along (the chat template does not use them).
+        """
         formatted = [convert_to_openai_tool(t) for t in tools]
         for spec in formatted:
             params = spec["function"].get("parameters", {})
             params.get("properties", {}).pop("kwargs", None)
             if "required" in params:
                 params["required"] = [r for r in params["required"] if r != "kwargs"]
+        if tool_choice is not None:
+            kwargs["tool_choice"] = tool_choice
         return self.bind(tools=formatted, **kwargs)
 
-    def _generate(self, messages: list[BaseMessage], stop: Optional[list[str]] = None, **kwargs: Any) -> ChatResult:
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
         raise NotImplementedError("ChatModel is async only: use `await model.ainvoke(...)`")
 
     async def _agenerate(
         self,
         messages: list[BaseMessage],
-        stop: Optional[list[str]] = None,
+        stop: list[str] | None = None,
         run_manager: Any = None,
         **kwargs: Any,
     ) -> ChatResult:
@@ -101,7 +120,7 @@ class ChatModel(BaseChatModel):
     # ------------------------------------------------------------------ encoding
 
     def _encode(
-        self, messages: list[BaseMessage], tools: Optional[list[dict]]
+        self, messages: list[BaseMessage], tools: list[dict] | None
     ) -> tuple[list[int], list[int], list[float], int]:
         """The engine input for ``messages``: (token_ids, loss_mask, logprobs, prompt_length)."""
         if not messages:
@@ -124,7 +143,7 @@ class ChatModel(BaseChatModel):
             previous["prompt_length"],
         )
 
-    def render_ids(self, messages: list[dict], tools: Optional[list[dict]], add_generation_prompt: bool) -> list[int]:
+    def render_ids(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> list[int]:
         """Token ids of ``messages`` through the chat template (cached: GRPO renders each prompt n times)."""
         key = json.dumps([messages, tools, add_generation_prompt], sort_keys=True, default=str)
         return self._cached(key, lambda: self._render_ids(messages, tools, add_generation_prompt))
@@ -138,13 +157,19 @@ class ChatModel(BaseChatModel):
             cached = self._prompt_cache[key] = render()
         return list(cached)
 
-    def _render_ids(self, messages: list[dict], tools: Optional[list[dict]], add_generation_prompt: bool) -> list[int]:
+    def _render_ids(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> list[int]:
         text = self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs
+            messages,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.chat_template_kwargs,
         )
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def encode_suffix(self, new_messages: list[dict], tools: Optional[list[dict]], last_output_ids: list[int]) -> list[int]:
+    def encode_suffix(
+        self, new_messages: list[dict], tools: list[dict] | None, last_output_ids: list[int]
+    ) -> list[int]:
         """Ids the template puts after an assistant turn's text when ``new_messages`` follow it.
 
         The suffix starts with the template's end-of-turn token; when the model already generated it (its
@@ -152,7 +177,9 @@ class ChatModel(BaseChatModel):
         Rendered once per distinct (messages, tools): environments repeat their answers across trajectories.
         """
         key = json.dumps(["suffix", new_messages, tools], sort_keys=True, default=str)
-        suffix = self._cached(key, lambda: render_turn_suffix(self.tokenizer, new_messages, tools, self.chat_template_kwargs))
+        suffix = self._cached(
+            key, lambda: render_turn_suffix(self.tokenizer, new_messages, tools, self.chat_template_kwargs)
+        )
         return drop_repeated_end(suffix, last_output_ids)
 
     # ------------------------------------------------------------------ decoding
@@ -164,7 +191,7 @@ class ChatModel(BaseChatModel):
         loss_mask: list[int],
         logprobs: list[float],
         prompt_length: int,
-        tools: Optional[list[dict]],
+        tools: list[dict] | None,
     ) -> AIMessage:
         meta = output["meta_info"]
         output_ids = list(output["output_ids"])
@@ -198,7 +225,7 @@ class ChatModel(BaseChatModel):
 
 
 def render_turn_suffix(
-    tokenizer: Any, new_messages: list[dict], tools: Optional[list[dict]], chat_template_kwargs: dict[str, Any]
+    tokenizer: Any, new_messages: list[dict], tools: list[dict] | None, chat_template_kwargs: dict[str, Any]
 ) -> list[int]:
     """Ids the chat template renders after an assistant turn's text when ``new_messages`` follow it."""
     context = [{"role": "user", "content": "."}, {"role": "assistant", "content": _TURN_MARKER}]

@@ -1,9 +1,13 @@
-"""Agent YAML files: a row's ``agent_cfg_path`` becomes the graph's ``cfg`` (``cfg.xxx`` and ``cfg["xxx"]``)."""
+"""Agent YAML files: a row's ``agent_cfg_path`` becomes the graph's ``cfg`` (``cfg.xxx`` and ``cfg["xxx"]``).
+
+:func:`cfg_get` reads one key with a default, whatever the ``cfg`` (None, a ``DictConfig``, a dict).
+"""
 
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -32,3 +36,14 @@ def _load(resolved: str) -> DictConfig:
         raise ValueError(f"agent config {resolved!r} must be a YAML mapping of keys to values, got a list")
     OmegaConf.set_readonly(cfg, True)  # one cfg object is shared by every trajectory of the agent
     return cfg
+
+
+def cfg_get(cfg: Any, key: str, default: Any) -> Any:
+    """``cfg.key`` when the agent YAML sets it (not null), else ``default``.
+
+    ``cfg`` may be None (the row names no YAML), a ``DictConfig``, a dict, or any object with attributes.
+    """
+    if cfg is None:
+        return default
+    value = cfg.get(key) if hasattr(cfg, "get") else getattr(cfg, key, None)
+    return default if value is None else value

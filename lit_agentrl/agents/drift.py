@@ -10,7 +10,8 @@ and counts the positions where the two sequences differ.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
 
@@ -22,8 +23,8 @@ _MARKER = "\u2063LITAGENTRL_GEN_{}\u2063"
 def expected_token_ids(
     messages: Sequence[BaseMessage],
     tokenizer: Any,
-    tools: Optional[list[dict]] = None,
-    chat_template_kwargs: Optional[dict[str, Any]] = None,
+    tools: list[dict] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """The conversation up to its last model turn as the template renders it, generated ids spliced in."""
     last_ai = find_last_ai_index(messages)
@@ -54,8 +55,8 @@ def expected_token_ids(
 def count_template_drift(
     messages: Sequence[BaseMessage],
     tokenizer: Any,
-    tools: Optional[list[dict]] = None,
-    chat_template_kwargs: Optional[dict[str, Any]] = None,
+    tools: list[dict] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> int:
     """Positions where the last model turn's accumulated ``token_ids`` differ from the re-rendered ones.
 
@@ -66,4 +67,4 @@ def count_template_drift(
         raise ValueError("template drift needs a conversation with at least one model turn")
     actual = list(messages[last_ai].response_metadata["token_ids"])
     expected = expected_token_ids(messages, tokenizer, tools, chat_template_kwargs)
-    return sum(a != b for a, b in zip(actual, expected)) + abs(len(actual) - len(expected))
+    return sum(a != b for a, b in zip(actual, expected, strict=False)) + abs(len(actual) - len(expected))

@@ -16,7 +16,8 @@ Agent YAML keys (all optional): ``max_guesses`` (default 3), ``feedback_credit``
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Mapping, Sequence, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, TypedDict
 
 from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
@@ -24,9 +25,8 @@ from langgraph.graph import END, StateGraph
 from langgraph.graph.message import add_messages
 
 from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput
-from lit_agentrl.agents.chat_model import ChatModel
+from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.registry import register
-from lit_agentrl.agents.tool_loop import cfg_get
 
 HIGHER, LOWER, FOUND, NO_GUESS = "higher", "lower", "found", "?"
 _DIGIT = re.compile(r"\d")
@@ -83,7 +83,9 @@ def game_reward(guesses: Sequence[int | None], secret: int, feedback_credit: flo
 class GuessDigitAgentGraph(AgentGraph):
     """A LangGraph loop of ``guess`` (model) and ``answer`` (environment) nodes over a hidden digit."""
 
-    def __init__(self, agent_name: str, cfg: Any, llm: Any, tokenizer: Any, processor: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self, agent_name: str, cfg: Any, llm: Any, tokenizer: Any, processor: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(agent_name, cfg, llm, tokenizer, processor, **kwargs)
         self.max_guesses = int(cfg_get(cfg, "max_guesses", 3))
         self.feedback_credit = float(cfg_get(cfg, "feedback_credit", 0.0))
@@ -94,7 +96,7 @@ class GuessDigitAgentGraph(AgentGraph):
         self.build_graph()
 
     def build_graph(self) -> Any:
-        self.chatmodel = ChatModel(model=self.agent_name, llm=self.llm, tokenizer=self.tokenizer)
+        self.chatmodel = self.make_chat_model()
         workflow = StateGraph(GuessState)
         workflow.add_node("guess", self._guess)
         workflow.add_node("answer", self._answer)
@@ -104,7 +106,7 @@ class GuessDigitAgentGraph(AgentGraph):
         self.graph = workflow.compile()
         return self.graph
 
-    async def _guess(self, state: GuessState, config: RunnableConfig) -> dict:
+    async def _guess(self, state: GuessState, config: RunnableConfig) -> dict[str, Any]:
         params = config["configurable"]["sampling_params"]
         message = await self.chatmodel.ainvoke(state["messages"], sampling_params=params)
         return {"messages": [message], "guesses": [*state["guesses"], parse_guess(str(message.content))]}
@@ -113,7 +115,7 @@ class GuessDigitAgentGraph(AgentGraph):
         found = state["guesses"][-1] == config["configurable"]["secret"]
         return "end" if found or len(state["guesses"]) >= self.max_guesses else "answer"
 
-    async def _answer(self, state: GuessState, config: RunnableConfig) -> dict:
+    async def _answer(self, state: GuessState, config: RunnableConfig) -> dict[str, list[HumanMessage]]:
         return {"messages": [HumanMessage(feedback(state["guesses"][-1], config["configurable"]["secret"]))]}
 
     @classmethod
@@ -128,7 +130,7 @@ class GuessDigitAgentGraph(AgentGraph):
         if problem:
             raise ValueError(f"agent {self.agent_name!r}: {problem}")
         secret = int(secret)
-        config = {"configurable": {"sampling_params": sampling_params, "secret": secret}}
+        config: RunnableConfig = {"configurable": {"sampling_params": sampling_params, "secret": secret}}
         state = await self.graph.ainvoke({"messages": list(messages), "guesses": []}, config=config)
         output = self.convert_agent_graph_output(state)
         guesses = state["guesses"]

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 
+from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.registry import register
-from lit_agentrl.agents.tool_loop import ToolLoopAgentGraph, cfg_get, error_message
+from lit_agentrl.agents.tool_loop import ToolLoopAgentGraph, error_message
 from lit_agentrl.tools.sandbox import CodeRunner, PythonSandbox, SandboxResult, limits_from_mapping
 
 _default_runner: PythonSandbox | None = None
@@ -49,7 +51,7 @@ async def python_exec(code: str, **kwargs: Any) -> str:
 class MathCodeAgentGraph(ToolLoopAgentGraph):
     """The seed's second example: the model writes code, a sandbox runs it, the model answers in ``\\boxed{}``."""
 
-    tools = [python_exec]
+    tools: ClassVar[list[Any]] = [python_exec]
     default_max_turns = 4
 
     def __init__(
@@ -67,7 +69,7 @@ class MathCodeAgentGraph(ToolLoopAgentGraph):
         if not callable(getattr(self.code_runner, "arun", None)):
             raise TypeError(f"code_runner must have `async def arun(code) -> SandboxResult`, got {self.code_runner!r}")
 
-    async def run_tool(self, call: dict, config: RunnableConfig) -> ToolMessage:
+    async def run_tool(self, call: Mapping[str, Any], config: RunnableConfig) -> ToolMessage:
         code = call["args"].get("code") if isinstance(call["args"], dict) else None
         if not isinstance(code, str):
             return error_message(call, "python_exec needs one argument, `code`, a string of Python source")

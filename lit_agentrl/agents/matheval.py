@@ -7,7 +7,8 @@ A :class:`~lit_agentrl.agents.tool_loop.ToolLoopAgentGraph`: it ends when the mo
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -28,12 +29,12 @@ def mathlighteval_reward(answer: str, **kwargs: Any) -> str:
 class MathEvalAgentGraph(ToolLoopAgentGraph):
     """The seed's math agent: a model node and a tool node that checks the answer against the ground truth."""
 
-    tools = [mathlighteval_reward]
+    tools: ClassVar[list[Any]] = [mathlighteval_reward]
 
     def run_config(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return {"ground_truth": kwargs["ground_truth"]}
 
-    async def run_tool(self, call: dict, config: RunnableConfig) -> ToolMessage:
+    async def run_tool(self, call: Mapping[str, Any], config: RunnableConfig) -> ToolMessage:
         check = self.tools_by_name[call["name"]].func
         ground_truth = config["configurable"]["ground_truth"]
         try:

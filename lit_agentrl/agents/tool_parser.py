@@ -6,6 +6,7 @@ carrying the error, so the agent can answer the model with it instead of crashin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
@@ -53,10 +54,8 @@ def _parse_block(raw: str) -> ToolCall | InvalidToolCall:
     name = payload.get("name")
     args = payload.get("arguments", payload.get("parameters", {}))
     if isinstance(args, str):  # some models double-encode the arguments
-        try:
+        with contextlib.suppress(json.JSONDecodeError, RecursionError):
             args = json.loads(args)
-        except (json.JSONDecodeError, RecursionError):
-            pass
     if not isinstance(name, str) or not name:
         return invalid_tool_call(name=None, args=body, id=call_id, error='a tool call needs a string "name"')
     if not isinstance(args, dict):

@@ -9,7 +9,7 @@ executor. Only the ``lit_agentrl`` import lines would differ in the seed's frame
 import ast
 import asyncio
 import operator
-from typing import Annotated, Any, Sequence, TypedDict
+from typing import Annotated, Any, Sequence, TypedDict  # noqa: UP035  (the seed's own import line)
 
 from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -53,7 +53,9 @@ class CalculatorAgentGraph(BaseAgentGraph):
 
         async def call_model(state: CalcState, config: RunnableConfig):
             chatmodel = config["configurable"]["chat_model"]
-            message = await chatmodel.ainvoke(state["messages"], sampling_params=config["configurable"]["sampling_params"])
+            message = await chatmodel.ainvoke(
+                state["messages"], sampling_params=config["configurable"]["sampling_params"]
+            )
             return {"messages": [message]}
 
         async def tool_node(state: CalcState, config: RunnableConfig):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lit_agentrl.agents.guess_digit import GuessDigitAgentGraph, narrowing_score, feedback, game_reward
+from lit_agentrl.agents.guess_digit import GuessDigitAgentGraph, feedback, game_reward, narrowing_score
 from lit_agentrl.metrics import agent_metrics
 from lit_agentrl.rollout.manager import check_output
 from lit_agentrl.types import Trajectory
@@ -53,8 +53,16 @@ async def test_a_row_without_a_digit_secret_is_refused_naming_the_field(scripted
 
 @pytest.mark.parametrize(
     "guesses, score",
-    [([5, 7, 6], 0.6 + 0.9), ([5, 2, 8], 0.6), ([5, None, 9], 0.6), ([5, 3], 0.0), ([6], 0.0),
-     ([None, 3, 8], 0.4), ([None, None, 8], 0.0), ([0, 9, 6], 0.1 + 0.2)],
+    [
+        ([5, 7, 6], 0.6 + 0.9),
+        ([5, 2, 8], 0.6),
+        ([5, None, 9], 0.6),
+        ([5, 3], 0.0),
+        ([6], 0.0),
+        ([None, 3, 8], 0.4),
+        ([None, None, 8], 0.0),
+        ([0, 9, 6], 0.1 + 0.2),
+    ],
 )
 def test_narrowing_score_pays_for_guesses_inside_a_range_the_answers_narrowed(guesses, score):
     assert narrowing_score(guesses, secret=6) == pytest.approx(score)
@@ -73,8 +81,13 @@ async def test_the_agent_scores_with_its_feedback_credit(scripted_engine_factory
     assert out.reward_score == pytest.approx(0.2 * (0.5 + 0.8))
 
 
-@pytest.mark.parametrize("cfg, message", [({"max_guesses": 0}, "max_guesses must be >= 1"),
-                                          ({"feedback_credit": 1.5}, r"feedback_credit must be in \[0, 1\)")])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        ({"max_guesses": 0}, "max_guesses must be >= 1"),
+        ({"feedback_credit": 1.5}, r"feedback_credit must be in \[0, 1\)"),
+    ],
+)
 def test_bad_agent_config_is_refused(scripted_engine_factory, cfg, message):
     engine = scripted_engine_factory([])
     with pytest.raises(ValueError, match=message):
@@ -85,8 +98,14 @@ def test_agent_metrics_average_over_the_trajectories_that_report_them():
     def traj(metrics):
         return Trajectory(0, 0, "guess_digit", extra_fields={"metrics": metrics})
 
-    logged = agent_metrics([traj({"found_turn_1": 1.0}), traj({"found_turn_1": 0.0, "found_turn_2": 1.0}),
-                            traj({"found_turn_1": 0.0, "found_turn_2": 0.0}), Trajectory(0, 0, "other")])
+    logged = agent_metrics(
+        [
+            traj({"found_turn_1": 1.0}),
+            traj({"found_turn_1": 0.0, "found_turn_2": 1.0}),
+            traj({"found_turn_1": 0.0, "found_turn_2": 0.0}),
+            Trajectory(0, 0, "other"),
+        ]
+    )
     assert logged == {"agent/guess_digit/found_turn_1": pytest.approx(1 / 3), "agent/guess_digit/found_turn_2": 0.5}
 
 

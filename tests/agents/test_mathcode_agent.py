@@ -55,7 +55,9 @@ def test_code_runs_and_the_boxed_answer_scores(scripted_engine_factory, tokenize
     assert get_reward_fn("math")(output.str_output, "41") == 0.0
 
 
-def test_hostile_code_gets_error_tool_messages_and_the_trajectory_completes(scripted_engine_factory, tokenizer, tmp_path):
+def test_hostile_code_gets_error_tool_messages_and_the_trajectory_completes(
+    scripted_engine_factory, tokenizer, tmp_path
+):
     kill = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"
     bomb = "import os\nwhile True: os.fork()"
     engine = RecordingScripted(
@@ -95,7 +97,9 @@ class FakeRemoteRunner:
 
     async def arun(self, code: str) -> SandboxResult:
         self.codes.append(code)
-        return SandboxResult(stdout="remote says 42\n", stderr="", exit_code=0, timed_out=False, truncated=False, error=None)
+        return SandboxResult(
+            stdout="remote says 42\n", stderr="", exit_code=0, timed_out=False, truncated=False, error=None
+        )
 
 
 def make_fake_runner() -> FakeRemoteRunner:

@@ -18,7 +18,7 @@ def test_builtin_agents_are_registered():
 
 
 def test_unknown_agent_lists_registered_names():
-    with pytest.raises(KeyError, match="unknown agent_name 'nope'.*matheval_agent.*single_turn"):
+    with pytest.raises(KeyError, match=r"unknown agent_name 'nope'.*matheval_agent.*single_turn"):
         get_agent_class("nope")
 
 
@@ -45,7 +45,7 @@ def test_import_agent_module_by_path_runs_its_register(tmp_path):
 def test_import_agent_module_errors_name_the_module(tmp_path):
     with pytest.raises(ModuleNotFoundError, match="no_such_agents_module"):
         import_agent_modules(["no_such_agents_module"])
-    with pytest.raises(FileNotFoundError, match="missing.py"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.py"):
         import_agent_modules([str(tmp_path / "missing.py")])
 
 

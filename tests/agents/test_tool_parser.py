@@ -53,7 +53,9 @@ def test_malformed_calls_become_invalid_tool_calls():
     assert parsed.tool_calls == []
     errors = [c["error"] for c in parsed.invalid_tool_calls]
     assert len(errors) == 4
-    assert "invalid JSON" in errors[0] and "JSON object" in errors[1] and "name" in errors[2] and "arguments" in errors[3]
+    assert (
+        "invalid JSON" in errors[0] and "JSON object" in errors[1] and "name" in errors[2] and "arguments" in errors[3]
+    )
 
 
 def test_unterminated_last_call_is_still_parsed():
@@ -63,7 +65,7 @@ def test_unterminated_last_call_is_still_parsed():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(list('<>/{}[]":,tool_cal \n\\ab1') + ["<tool_call>", "</tool_call>", '"name"'])))
+@given(st.lists(st.sampled_from([*'<>/{}[]":,tool_cal \n\\ab1', "<tool_call>", "</tool_call>", '"name"'])))
 def test_fuzzed_text_never_raises(pieces: list[str]):
     parsed = parse_tool_calls("".join(pieces))
     for call in parsed.tool_calls:
@@ -73,7 +75,11 @@ def test_fuzzed_text_never_raises(pieces: list[str]):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(), lambda c: st.lists(c) | st.dictionaries(st.text(), c)))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(), lambda c: st.lists(c) | st.dictionaries(st.text(), c)
+    )
+)
 def test_fuzzed_json_payloads_never_raise(payload):
     parsed = parse_tool_calls(block(json.dumps(payload)))
     assert len(parsed.tool_calls) + len(parsed.invalid_tool_calls) == 1
