@@ -24,17 +24,28 @@ line is one row::
 
 ``index`` is the row's position in the source split, so skipped rows leave
 gaps.  The ground truth is the content of the last ``\\boxed{...}`` (or
-``\\fbox{...}``) in ``solution``; rows without one are skipped and reported on
-stderr.  This script only needs ``pyarrow`` and runs standalone.
+``\\fbox{...}``) in ``solution``, read by the ``math`` reward's own extractor
+(:mod:`lit_agentrl.rewards.boxed`); rows without one are skipped and reported on
+stderr.  The script needs ``pyarrow`` and ``lit_agentrl`` (installed, or the
+checkout this file sits in).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
+
+if importlib.util.find_spec("lit_agentrl") is None:  # run from a checkout where the package is not installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lit_agentrl.rewards.boxed import extract_boxed_answer
+
+extract_last_boxed = extract_boxed_answer  # this script's former name for it
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 DEFAULT_AGENT_NAME = "matheval_agent"
@@ -55,8 +66,6 @@ INSTRUCTION = (
     "Let's think step by step and output the final answer within \\boxed{}. "
     "You must use the `mathlighteval_reward` tool after step by step solving the question"
 )
-
-_BOX_COMMANDS: tuple[str, ...] = ("\\boxed", "\\fbox")
 
 
 def find_split_files(input_dir: Path, split: str) -> list[Path]:
@@ -85,54 +94,6 @@ def find_split_files(input_dir: Path, split: str) -> list[Path]:
             f"'data/{split}-00000-of-00001.parquet' or '{split}.parquet'"
         )
     return sorted(files)
-
-
-def _find_last_box_command(text: str) -> tuple[int, int] | None:
-    """(start, end) of the last ``\\boxed``/``\\fbox`` command name in ``text``."""
-    best: tuple[int, int] | None = None
-    for command in _BOX_COMMANDS:
-        start = text.rfind(command)
-        if start >= 0 and (best is None or start > best[0]):
-            best = (start, start + len(command))
-    return best
-
-
-def extract_last_boxed(solution: str) -> str | None:
-    """Content of the last ``\\boxed{...}``/``\\fbox{...}`` in ``solution``.
-
-    Braces are counted so nested groups survive
-    (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}``).  The brace-less form
-    ``\\boxed 5$`` yields the text up to the next ``$``.  Returns ``None`` when
-    there is no box, the braces are unbalanced, or the box is empty.
-    """
-    if not solution:
-        return None
-    found = _find_last_box_command(solution)
-    if found is None:
-        return None
-    _, pos = found
-    n = len(solution)
-    if pos < n and solution[pos].isalpha():
-        # e.g. "\boxedx": not a box command; look before it.
-        return extract_last_boxed(solution[: found[0]])
-    while pos < n and solution[pos] == " ":
-        pos += 1
-    if pos >= n:
-        return None
-    if solution[pos] != "{":
-        content = solution[pos:].split("$", 1)[0].strip()
-        return content or None
-    depth = 0
-    for i in range(pos, n):
-        char = solution[i]
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                content = solution[pos + 1 : i].strip()
-                return content or None
-    return None
 
 
 def _as_text(value: Any) -> str | None:
@@ -218,7 +179,7 @@ def convert_split(
     output_path.parent.mkdir(parents=True, exist_ok=True)
     with output_path.open("w", encoding="utf-8") as fh:
         for index, record in enumerate(records):
-            ground_truth = extract_last_boxed(record.get("solution") or "")
+            ground_truth = extract_boxed_answer(record.get("solution") or "")
             if ground_truth is None:
                 skipped.append(index)
                 continue
@@ -244,9 +205,7 @@ def convert_split(
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Convert MATH-lighteval parquet files to agent-task JSONL."
-    )
+    parser = argparse.ArgumentParser(description="Convert MATH-lighteval parquet files to agent-task JSONL.")
     parser.add_argument("--input_dir", required=True, help="local MATH-lighteval directory")
     parser.add_argument("--local_dir", required=True, help="output directory (created if missing)")
     parser.add_argument("--agent_name", default=DEFAULT_AGENT_NAME)

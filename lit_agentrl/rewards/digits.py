@@ -27,7 +27,9 @@ def next_digit_reward(completion: str, ground_truth: str | None, **row: object) 
 
 
 def _digit_problem(ground_truth: object) -> str | None:
-    return None if isinstance(ground_truth, str) and re.fullmatch(r"\d", ground_truth) else f"must be one digit, got {ground_truth!r}"
+    if isinstance(ground_truth, str) and re.fullmatch(r"\d", ground_truth):
+        return None
+    return f"must be one digit, got {ground_truth!r}"
 
 
-next_digit_reward.check_ground_truth = _digit_problem  # type: ignore[attr-defined]
+next_digit_reward.check_ground_truth = _digit_problem  # type: ignore[attr-defined]  # a function attribute (RewardFn)

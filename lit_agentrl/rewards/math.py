@@ -1,6 +1,6 @@
-"""Answer extraction and equivalence checking for MATH-style problems.
+"""The ``math`` reward: the last ``\\boxed{...}`` answer of a completion checked against the ground truth.
 
-Extraction finds the last ``\\boxed{...}`` in a completion; equivalence is
+Extraction is :mod:`lit_agentrl.rewards.boxed` (shared with the MATH data preparation script); equivalence is
 delegated to ``math-verify`` (LaTeX -> sympy, then numeric/symbolic checks).
 """
 
@@ -11,83 +11,27 @@ import threading
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
+from lit_agentrl.rewards.boxed import extract_boxed_answer, last_boxed_only_string
 from lit_agentrl.rewards.registry import register_reward
+
+__all__ = [
+    "MAX_ANSWER_CHARS",
+    "compute_math_reward",
+    "extract_boxed_answer",
+    "ground_truth_problem",
+    "is_equiv",
+    "last_boxed_only_string",
+]
 
 MAIN_THREAD_TIMEOUT_S = 3
 """Per-call parse/verify timeout (whole seconds; math-verify uses ``signal.alarm``)."""
 
 MAX_ANSWER_CHARS = 1000
-"""Longer answers are rejected: off the main thread math-verify has no
-timeout, so a pathological expression could pin a worker thread in sympy."""
+"""Longer answers are rejected. Off the main thread (the rollout manager's reward pool, an agent's executor)
+math-verify runs without a timeout, so this is the only bound there; it does not stop every short pathological
+answer (a power tower such as ``9^{9^{9^{9}}}`` holds the interpreter lock in sympy's integer arithmetic)."""
 
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
 _EXTRACTION_CONFIG = (LatexExtractionConfig(), ExprExtractionConfig())
-_SPACE_FORM_TRAILING = ".,;"
-
-
-def _match_braces(text: str, open_idx: int) -> int | None:
-    """Index just past the ``}`` closing the ``{`` at ``open_idx``; None if unbalanced."""
-    depth = 0
-    for idx in range(open_idx, len(text)):
-        if text[idx] == "{":
-            depth += 1
-        elif text[idx] == "}":
-            depth -= 1
-            if depth == 0:
-                return idx + 1
-    return None
-
-
-def _space_form_end(text: str, start: int) -> int:
-    """End of the token in ``\\boxed 5`` (stops at whitespace or ``$``)."""
-    end = start
-    while end < len(text) and not text[end].isspace() and text[end] != "$":
-        end += 1
-    while end > start and text[end - 1] in _SPACE_FORM_TRAILING:
-        end -= 1  # sentence punctuation, as in "... is \boxed 5."
-    return end
-
-
-def _last_box(text: str) -> tuple[str, str] | None:
-    """``(whole box, inner content)`` of the last box command in ``text``."""
-    start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
-    if start < 0:
-        return None
-    cmd = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-    after = start + len(cmd)
-    body = after
-    while body < len(text) and text[body].isspace():
-        body += 1
-    if body < len(text) and text[body] == "{":
-        end = _match_braces(text, body)
-        if end is None:
-            return None
-        return text[start:end], text[body + 1 : end - 1]
-    if body == after:  # e.g. "\boxedx": not a box command
-        return None
-    end = _space_form_end(text, body)
-    if end == body:
-        return None
-    return text[start:end], text[body:end]
-
-
-def last_boxed_only_string(text: str) -> str | None:
-    """The last ``\\boxed{...}``/``\\fbox{...}``/``\\boxed x`` in ``text``, command included.
-
-    Braces are counted so nested groups like ``\\frac{1}{2}`` stay intact;
-    returns None when there is no box or its braces never close (truncated output).
-    """
-    box = _last_box(text)
-    return None if box is None else box[0]
-
-
-def extract_boxed_answer(text: str) -> str | None:
-    """Content of the last box in ``text`` (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}``).
-
-    For nested boxes (``\\boxed{\\boxed{3}}``) the innermost, last-opened box wins.
-    """
-    box = _last_box(text)
-    return None if box is None else box[1]
 
 
 def _timeout_s() -> int | None:
@@ -112,7 +56,7 @@ def _parse_answer(answer: str, timeout_s: int | None) -> list[object]:
         parsed = parse(
             candidate,
             extraction_config=_EXTRACTION_CONFIG,
-            parsing_timeout=timeout_s,  # type: ignore[arg-type]  # None disables the alarm
+            parsing_timeout=timeout_s,  # None disables the alarm
         )
         if any(not isinstance(item, str) for item in parsed):
             return parsed
@@ -173,4 +117,4 @@ def ground_truth_problem(ground_truth: object) -> str | None:
     return None
 
 
-compute_math_reward.check_ground_truth = ground_truth_problem  # type: ignore[attr-defined]
+compute_math_reward.check_ground_truth = ground_truth_problem  # type: ignore[attr-defined]  # a function attribute (RewardFn)

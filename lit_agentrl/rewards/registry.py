@@ -12,7 +12,8 @@ from typing import Any
 RewardFn = Callable[..., float]
 """``(completion: str, ground_truth: str | None, **row) -> float``. A reward may carry an attribute
 ``check_ground_truth(ground_truth) -> str | None`` saying why a ground truth is unusable; rows are checked
-with it at setup."""
+with it at setup. The rollout manager calls rewards in its own worker threads, several at once, never on the
+event loop: a reward must be thread-safe, and ``signal``-based timeouts (``signal.alarm``) do not work in it."""
 
 _REGISTRY: dict[str, RewardFn] = {}
 

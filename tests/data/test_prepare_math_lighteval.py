@@ -82,6 +82,13 @@ def test_extract_last_boxed(solution: str, expected: str | None) -> None:
     assert prep.extract_last_boxed(solution) == expected
 
 
+def test_ground_truths_are_read_by_the_math_rewards_extractor() -> None:
+    from lit_agentrl.rewards.math import extract_boxed_answer
+
+    assert prep.extract_boxed_answer is extract_boxed_answer
+    assert prep.extract_last_boxed is extract_boxed_answer
+
+
 @pytest.mark.parametrize("layout", ["hub", "flat"])
 def test_main_converts_both_layouts(tmp_path: Path, layout: str, capsys: pytest.CaptureFixture[str]) -> None:
     input_dir = _make_dataset(tmp_path / "in", layout)
@@ -129,12 +136,18 @@ def test_main_converts_both_layouts(tmp_path: Path, layout: str, capsys: pytest.
 
 def test_custom_agent_fields(tmp_path: Path) -> None:
     input_dir = _make_dataset(tmp_path / "in", "flat")
-    prep.main([
-        "--input_dir", str(input_dir),
-        "--local_dir", str(tmp_path / "out"),
-        "--agent_name", "other_agent",
-        "--agent_cfg_path", "configs/agents/other.yaml",
-    ])
+    prep.main(
+        [
+            "--input_dir",
+            str(input_dir),
+            "--local_dir",
+            str(tmp_path / "out"),
+            "--agent_name",
+            "other_agent",
+            "--agent_cfg_path",
+            "configs/agents/other.yaml",
+        ]
+    )
     row = _read_jsonl(tmp_path / "out" / "test.jsonl")[0]
     assert row["agent_name"] == "other_agent"
     assert row["agent_cfg_path"] == "configs/agents/other.yaml"
@@ -175,7 +188,10 @@ def test_script_runs_standalone(tmp_path: Path) -> None:
     input_dir = _make_dataset(tmp_path / "in", "hub")
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--input_dir", str(input_dir), "--local_dir", str(tmp_path / "out")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "skipped 1" in result.stderr
