@@ -7,10 +7,13 @@ counts overlap freely, so a slow tool call or a long answer never holds up the r
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import statistics
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
 from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput
@@ -18,9 +21,13 @@ from lit_agentrl.agents.config import load_agent_cfg
 from lit_agentrl.agents.registry import get_agent_class
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.sampling import SamplingParams
-from lit_agentrl.rewards import resolve_reward_fn
+from lit_agentrl.rewards import RewardFn, resolve_reward_fn
 from lit_agentrl.rows import agent_run_kwargs
 from lit_agentrl.types import AGENT_METRICS_FIELD, RolloutBatch, RolloutStats, Trajectory
+
+DEFAULT_REWARD_WORKERS = 4
+"""Reward threads per manager: enough for a few slow rewards at once, few enough to leave the event loop its turns
+(rewards are mostly pure Python and share the interpreter lock with it)."""
 
 
 class RolloutManager:
@@ -30,13 +37,16 @@ class RolloutManager:
         engines: one or more rollout engines (SGLang's ``Engine`` API); trajectories go to the engine
             with the fewest outstanding trajectories.
         tokenizer: the policy tokenizer, handed to every graph.
-        processor: optional multimodal processor, handed to every graph.
+        processor: handed to every graph; kept for the seed's signature and for vision-language agents; None for
+            text models.
         max_inflight_per_engine: most trajectories running at once against one engine.
         trajectory_timeout_s: a trajectory running longer is marked failed (None: no limit).
         reward_fn: name of the reward function for rows whose ``data_source`` names none and whose agent
             sets no ``reward_score`` (see :mod:`lit_agentrl.rewards`).
         check_template_drift: re-render each finished conversation through the chat template and count
             where it differs from the accumulated ids (``rollout/template_drift``; costs a render per trajectory).
+        reward_workers: threads that run reward functions, off the event loop and apart from the loop's default
+            executor (which agents use for their own blocking work), so a slow reward holds up neither.
 
     Example::
 
@@ -53,6 +63,7 @@ class RolloutManager:
         trajectory_timeout_s: float | None = None,
         reward_fn: str | None = None,
         check_template_drift: bool = True,
+        reward_workers: int = DEFAULT_REWARD_WORKERS,
     ) -> None:
         if not engines:
             raise ValueError("RolloutManager needs at least one engine")
@@ -60,6 +71,8 @@ class RolloutManager:
             raise ValueError(f"max_inflight_per_engine must be >= 1, got {max_inflight_per_engine}")
         if trajectory_timeout_s is not None and trajectory_timeout_s <= 0:
             raise ValueError(f"trajectory_timeout_s must be > 0 or None, got {trajectory_timeout_s}")
+        if reward_workers < 1:
+            raise ValueError(f"reward_workers must be >= 1, got {reward_workers}")
         self.engines = list(engines)
         self.tokenizer = tokenizer
         self.processor = processor
@@ -71,6 +84,9 @@ class RolloutManager:
         self._outstanding = [0] * len(self.engines)
         self._reward_seconds = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.reward_workers = reward_workers
+        self._reward_pool: ThreadPoolExecutor | None = None  # started on the first reward, stopped by close()
+        self._reward_lock = threading.Lock()  # guards _reward_seconds, added to from the reward threads
 
     # ------------------------------------------------------------------ entry points
 
@@ -80,7 +96,7 @@ class RolloutManager:
         """Blocking :meth:`agenerate` on one event loop kept across calls: the engine's own when it has
         one (an in-process SGLang engine serves every request from its loop), else the manager's."""
         if self._loop is None or self._loop.is_closed():
-            engine_loop = next((e.loop for e in self.engines if getattr(e, "loop", None) is not None), None)
+            engine_loop = next((e.loop for e in self.engines if e.loop is not None), None)
             self._loop = engine_loop or asyncio.new_event_loop()
         return self._loop.run_until_complete(self.agenerate(rows, n_samples, sampling_params))
 
@@ -104,8 +120,12 @@ class RolloutManager:
         return RolloutBatch(trajectories, stats)
 
     def close(self) -> None:
-        """Close the manager's event loop (engines, and their loops, are owned and shut down by the caller)."""
-        if any(self._loop is getattr(e, "loop", None) for e in self.engines):
+        """Stop the reward threads and close the manager's event loop (engines, and their loops, are owned and shut
+        down by the caller)."""
+        if self._reward_pool is not None:
+            self._reward_pool.shutdown(wait=True)
+            self._reward_pool = None
+        if any(self._loop is e.loop for e in self.engines):
             return
         if self._loop is not None and not self._loop.is_closed():
             self._loop.run_until_complete(self._loop.shutdown_default_executor())
@@ -135,11 +155,7 @@ class RolloutManager:
                 if not isinstance(output, AgentGraphOutput):
                     raise TypeError(f"{type(graph).__name__}.run returned {type(output).__name__}, not AgentGraphOutput")
                 check_output(output)
-                reward_start = time.perf_counter()
-                try:
-                    reward = self._reward(output, row, kwargs["ground_truth"])
-                finally:
-                    self._reward_seconds += _since(reward_start)
+            reward = await self._reward(output, row, kwargs["ground_truth"])  # the engine slot is free meanwhile
         except asyncio.TimeoutError:
             reason = f"timeout: trajectory exceeded {self.trajectory_timeout_s}s"
             return Trajectory(group, sample, agent_name, failed=True, failure_reason=reason, seconds=_since(start))
@@ -163,8 +179,9 @@ class RolloutManager:
             self._graphs[key] = graph
         return self._graphs[key]
 
-    def _reward(self, output: AgentGraphOutput, row: Mapping[str, Any], ground_truth: Any) -> float:
-        """The agent's own reward when set, else the row's reward function on the output text."""
+    async def _reward(self, output: AgentGraphOutput, row: Mapping[str, Any], ground_truth: Any) -> float:
+        """The agent's own reward when set, else the row's reward function on the output text, run in a reward
+        thread: while it runs, the event loop goes on with the other trajectories."""
         if output.reward_score is not None:
             return float(output.reward_score)
         reward_fn = resolve_reward_fn(row, self.reward_fn)
@@ -173,7 +190,24 @@ class RolloutManager:
                 f"no reward for agent {row.get('agent_name')!r}: it set no reward_score and no reward function "
                 f"matches data_source={row.get('data_source')!r} (set the manager's reward_fn)"
             )
-        return float(reward_fn(output.str_output, ground_truth, **{k: v for k, v in row.items() if k != "ground_truth"}))
+        fields = {k: v for k, v in row.items() if k != "ground_truth"}
+        call = functools.partial(self._timed_reward, reward_fn, output.str_output, ground_truth, fields)
+        return await asyncio.get_running_loop().run_in_executor(self._reward_executor(), call)
+
+    def _timed_reward(self, reward_fn: RewardFn, completion: str, ground_truth: Any, fields: dict[str, Any]) -> float:
+        """One reward call, in a reward thread; its own run time (not its wait for a thread) counts in
+        ``time/reward_s``, summed over the calls."""
+        start = time.perf_counter()
+        try:
+            return float(reward_fn(completion, ground_truth, **fields))
+        finally:
+            with self._reward_lock:
+                self._reward_seconds += _since(start)
+
+    def _reward_executor(self) -> ThreadPoolExecutor:
+        if self._reward_pool is None:
+            self._reward_pool = ThreadPoolExecutor(self.reward_workers, thread_name_prefix="lit-agentrl-reward")
+        return self._reward_pool
 
 
 def check_output(output: AgentGraphOutput) -> None:
