@@ -36,8 +36,14 @@ def floor_generation(model: torch.nn.Module, prompts: list[list[int]], lengths: 
     positions = torch.tensor([len(p) for p in prompts])
     cache = DynamicCache()
     with torch.inference_mode():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                       cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
         while True:
             tokens = torch.multinomial(torch.softmax(logits.float(), -1), 1)
             remaining -= 1
@@ -49,14 +55,16 @@ def floor_generation(model: torch.nn.Module, prompts: list[list[int]], lengths: 
                 cache.batch_select_indices(keep)
                 mask, remaining, positions, tokens = mask[keep], remaining[keep], positions[keep], tokens[keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits = model(input_ids=tokens, attention_mask=mask, position_ids=positions.unsqueeze(-1),
-                           cache=cache, use_cache=True).logits[:, -1]
+            logits = model(
+                input_ids=tokens, attention_mask=mask, position_ids=positions.unsqueeze(-1), cache=cache, use_cache=True
+            ).logits[:, -1]
             positions = positions + 1
     return time.perf_counter() - start
 
 
-def floor_training(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sequences: list[list[int]],
-                   prompt_lengths: list[int]) -> tuple[float, float, float]:
+def floor_training(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, sequences: list[list[int]], prompt_lengths: list[int]
+) -> tuple[float, float, float]:
     """Seconds of (forward, backward, optimizer) over exactly ``sequences``: equal lengths share a forward."""
     by_length: dict[int, list[int]] = defaultdict(list)
     for i, seq in enumerate(sequences):
@@ -97,15 +105,24 @@ def measure(model_dir: str, steps_file: str, threads: int, lr: float = 1e-5) -> 
         lengths = [len(s) - len(p) for s, p in zip(sequences, prompts)]
         generation = floor_generation(model, prompts, lengths, pad_id)
         forward, backward, opt = floor_training(model, optimizer, sequences, [len(p) for p in prompts])
-        results.append({"generation": generation, "forward": forward, "backward": backward, "optimizer": opt,
-                        "total": generation + forward + backward + opt})
+        results.append(
+            {
+                "generation": generation,
+                "forward": forward,
+                "backward": backward,
+                "optimizer": opt,
+                "total": generation + forward + backward + opt,
+            }
+        )
     return results[1:]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="the model directory the steps were run with")
-    parser.add_argument("--steps", required=True, help="JSON lines, one per step: prompt_ids and token_ids per trajectory")
+    parser.add_argument(
+        "--steps", required=True, help="JSON lines, one per step: prompt_ids and token_ids per trajectory"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", help="write the per-step floors here as JSON")
     args = parser.parse_args()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import tempfile
@@ -27,8 +28,13 @@ from lit_agentrl.models.tiny import TinyModelConfig, save_tiny_model
 from lit_agentrl.rollout.manager import RolloutManager
 
 REPO = Path(__file__).resolve().parents[1]
-SGLANG_CPU = {"device": "cpu", "attention_backend": "torch_native", "dtype": "float32", "mem_fraction_static": 0.05,
-              "max_total_tokens": 16384}
+SGLANG_CPU = {
+    "device": "cpu",
+    "attention_backend": "torch_native",
+    "dtype": "float32",
+    "mem_fraction_static": 0.05,
+    "max_total_tokens": 16384,
+}
 
 
 def single_turn(engine, prompts: list[list[int]], new_tokens: int) -> tuple[float, int]:
@@ -62,21 +68,41 @@ def main() -> None:
     from lit_agentrl.engines.sglang import SGLangEngine
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = str(save_tiny_model(tmp, TinyModelConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
-                                                         num_attention_heads=4, num_key_value_heads=2, head_dim=64)))
+        path = str(
+            save_tiny_model(
+                tmp,
+                TinyModelConfig(
+                    hidden_size=256,
+                    intermediate_size=1024,
+                    num_hidden_layers=4,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    head_dim=64,
+                ),
+            )
+        )
         tokenizer = AutoTokenizer.from_pretrained(path)
         g = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(10, 300, (int(n),), generator=g).tolist() for n in torch.randint(16, 48, (64,), generator=g)]
-        rows = [json.loads(line) for line in open(REPO / "data/samples/math_sample_train.jsonl")][:8]
+        prompts = [
+            torch.randint(10, 300, (int(n),), generator=g).tolist() for n in torch.randint(16, 48, (64,), generator=g)
+        ]
+        rows = [
+            json.loads(line) for line in Path(REPO / "data/samples/math_sample_train.jsonl").read_text().splitlines()
+        ][:8]
         for row in rows:
             row["agent_cfg_path"] = str(REPO / row["agent_cfg_path"])
-        factories = {"transformers": lambda: TransformersEngine(path), "sglang": lambda: SGLangEngine(path, **SGLANG_CPU)}
+        factories = {
+            "transformers": lambda: TransformersEngine(path),
+            "sglang": lambda: SGLangEngine(path, **SGLANG_CPU),
+        }
         results: dict[tuple[str, str], list[tuple[float, int]]] = {}
         for name, factory in factories.items():
             engine = factory()
             manager = RolloutManager([engine], tokenizer, reward_fn="math", check_template_drift=False)
-            workloads = {"64 single-turn x 64 tokens": lambda: single_turn(engine, prompts, 64),
-                         "matheval 8 prompts x 4": lambda: matheval(manager, rows, 4, 64)}
+            workloads = {
+                "64 single-turn x 64 tokens": functools.partial(single_turn, engine, prompts, 64),
+                "matheval 8 prompts x 4": functools.partial(matheval, manager, rows, 4, 64),
+            }
             for round_ in range(args.repeats + 1):  # round 0 warms up
                 for workload, run in workloads.items():
                     measured = run()

@@ -39,7 +39,7 @@ class Game:
 def play(model, tok, games: list[Game], args, rng: torch.Generator) -> None:
     """Every game to its end: each turn samples up to ``turn_tokens`` tokens for all live games at once."""
     eos = tok.eos_token_id
-    for turn in range(args.max_guesses):
+    for _ in range(args.max_guesses):
         live = [g for g in games if not g.done]
         if not live:
             return
@@ -53,8 +53,8 @@ def play(model, tok, games: list[Game], args, rng: torch.Generator) -> None:
             batch = torch.full((len(seqs), width), tok.pad_token_id)
             attn = torch.zeros((len(seqs), width), dtype=torch.long)
             for r, s in enumerate(seqs):  # left padding
-                batch[r, width - len(s):] = torch.tensor(s)
-                attn[r, width - len(s):] = 1
+                batch[r, width - len(s) :] = torch.tensor(s)
+                attn[r, width - len(s) :] = 1
             positions = (attn.cumsum(-1) - 1).clamp(min=0)
             with torch.no_grad():
                 logits = model(input_ids=batch, attention_mask=attn, position_ids=positions).logits[:, -1].float()
@@ -137,14 +137,23 @@ def main() -> None:
     records = []
     start = time.perf_counter()
     for step in range(args.steps):
-        games = [Game(prompt, s, p) for p, s in enumerate(secrets_rng.randrange(10) for _ in range(args.prompts)) for _ in range(args.samples)]
+        games = [
+            Game(prompt, s, p)
+            for p, s in enumerate(secrets_rng.randrange(10) for _ in range(args.prompts))
+            for _ in range(args.samples)
+        ]
         model.eval()
         play(model, tok, games, args, sample_rng)
         model.train()
         stats = train_step(model, optimizer, games, args, tok.pad_token_id)
         found = [g.guesses.index(g.secret) + 1 if g.secret in g.guesses else 0 for g in games]
         rewards = [game_reward(g.guesses, g.secret, args.feedback_credit) for g in games]
-        record = {"step": step, "reward": statistics.fmean(rewards), "found": statistics.fmean(f > 0 for f in found), **stats}
+        record = {
+            "step": step,
+            "reward": statistics.fmean(rewards),
+            "found": statistics.fmean(f > 0 for f in found),
+            **stats,
+        }
         for turn in range(1, args.max_guesses + 1):  # success at turn k among games still going at turn k
             reached = [f for f in found if f == 0 or f >= turn]
             record[f"found_at_{turn}"] = sum(f == turn for f in found) / max(1, len(reached))
@@ -155,7 +164,9 @@ def main() -> None:
     for key in ("reward", "found"):
         first = statistics.fmean(r[key] for r in records[:fifth])
         last = statistics.fmean(r[key] for r in records[-fifth:])
-        print(f"{key}: first fifth {first:.3f} -> last fifth {last:.3f} ({last - first:+.3f}); {time.perf_counter() - start:.0f}s")
+        print(
+            f"{key}: first fifth {first:.3f} -> last fifth {last:.3f} ({last - first:+.3f}); {time.perf_counter() - start:.0f}s"
+        )
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)

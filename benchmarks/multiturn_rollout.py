@@ -51,7 +51,9 @@ def main() -> None:
         total = statistics.median(s for s, _ in seconds)
         busy = statistics.median(b for _, b in seconds)
         print(f"{mode:>15}: rollout {total:.3f} s (median of {len(seconds)}), engine compute {busy:.3f} s")
-    ratio = statistics.median(s for s, _ in times["setup frozen"]) / statistics.median(s for s, _ in times["gc as it comes"])
+    ratio = statistics.median(s for s, _ in times["setup frozen"]) / statistics.median(
+        s for s, _ in times["gc as it comes"]
+    )
     print(f"frozen / as it comes: {ratio:.2f}x")
 
 

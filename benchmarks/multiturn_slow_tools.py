@@ -19,20 +19,21 @@ import hashlib
 import statistics
 import tempfile
 import time
-from typing import Annotated, Any, Sequence, TypedDict
+from collections.abc import Sequence
+from typing import Annotated, Any, TypedDict
 
 import torch
 from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, StateGraph
 from langgraph.graph.message import add_messages
+from shared import SHARED_MODEL
 from transformers import AutoTokenizer
 
 from lit_agentrl.agents import AgentGraph, ChatModel, register
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.models.tiny import save_tiny_model
 from lit_agentrl.rollout.manager import RolloutManager
-from shared import SHARED_MODEL
 
 TURNS = 3
 PARAMS = {"max_new_tokens": 64, "temperature": 1.0, "ignore_eos": True}
@@ -64,7 +65,9 @@ class SlowToolAgent(AgentGraph):
         workflow.add_node("agent", self._model)
         workflow.add_node("tool", self._tool)
         workflow.set_entry_point("agent")
-        workflow.add_conditional_edges("agent", lambda s: "tool" if s["turn"] < TURNS else "end", {"tool": "tool", "end": END})
+        workflow.add_conditional_edges(
+            "agent", lambda s: "tool" if s["turn"] < TURNS else "end", {"tool": "tool", "end": END}
+        )
         workflow.add_edge("tool", "agent")
         self.graph = workflow.compile()
 
@@ -118,8 +121,14 @@ def main() -> None:
         path = str(save_tiny_model(tmp, SHARED_MODEL))
         tokenizer = AutoTokenizer.from_pretrained(path)
         engine = TransformersEngine(path, prefix_cache_mb=args.prefix_cache_mb)
-        rows = [{"agent_name": "slow_tool_benchmark_agent", "row_id": i, "prompt": [{"role": "user", "content": f"task {i}"}]}
-                for i in range(args.prompts)]
+        rows = [
+            {
+                "agent_name": "slow_tool_benchmark_agent",
+                "row_id": i,
+                "prompt": [{"role": "user", "content": f"task {i}"}],
+            }
+            for i in range(args.prompts)
+        ]
         manager = RolloutManager([engine], tokenizer, check_template_drift=False)
         chat = ChatModel(model="lockstep", llm=engine, tokenizer=tokenizer)
         loop = asyncio.new_event_loop()
@@ -141,10 +150,14 @@ def main() -> None:
                 compute["rollout manager"].append(managed_busy)
                 compute["lockstep baseline"].append(stepped_busy)
         engine.shutdown()
-    slow = sum(tool_latency(r, s, t) > 0.5 for r in range(args.prompts) for s in range(args.samples) for t in range(1, TURNS))
-    print(f"{args.latency} latency: {args.prompts} prompts x {args.samples} samples, {TURNS} model turns of {args.new_tokens} tokens, "
-          f"prefix cache {args.prefix_cache_mb:g} MB, {slow} tool calls over 0.5 s of "
-          f"{args.prompts * args.samples * (TURNS - 1)}, {args.threads} threads, median of {args.repeats}")
+    slow = sum(
+        tool_latency(r, s, t) > 0.5 for r in range(args.prompts) for s in range(args.samples) for t in range(1, TURNS)
+    )
+    print(
+        f"{args.latency} latency: {args.prompts} prompts x {args.samples} samples, {TURNS} model turns of {args.new_tokens} tokens, "
+        f"prefix cache {args.prefix_cache_mb:g} MB, {slow} tool calls over 0.5 s of "
+        f"{args.prompts * args.samples * (TURNS - 1)}, {args.threads} threads, median of {args.repeats}"
+    )
     medians = {k: statistics.median(v) for k, v in timings.items()}
     for name, seconds in medians.items():
         print(f"  {name:20s} {seconds:7.3f} s   (engine compute {statistics.median(compute[name]):.3f} s)")

@@ -45,7 +45,9 @@ def run_concurrent(engine: TransformersEngine, prompts: list[list[int]], new_tok
 
 def run_sequential(engine: TransformersEngine, prompts: list[list[int]], new_tokens: int) -> int:
     params = {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 1.0}
-    return sum(len(engine.generate(input_ids=p, sampling_params=params, return_logprob=True)["output_ids"]) for p in prompts)
+    return sum(
+        len(engine.generate(input_ids=p, sampling_params=params, return_logprob=True)["output_ids"]) for p in prompts
+    )
 
 
 @torch.inference_mode()
@@ -57,8 +59,15 @@ def run_batched_generate(model, prompts: list[list[int]], new_tokens: int, pad_i
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
     out = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad_id,
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        pad_token_id=pad_id,
     )
     return (out.shape[1] - width) * len(prompts)
 
@@ -81,8 +90,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    cfg = TinyModelConfig(hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=args.hidden // 4, vocab_size=600)
+    cfg = TinyModelConfig(
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=args.hidden // 4,
+        vocab_size=600,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = save_tiny_model(tmp, cfg)
         model = AutoModelForCausalLM.from_pretrained(path).eval()
@@ -104,8 +120,10 @@ def main() -> None:
         engine.shutdown()
 
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {n_params / 1e6:.2f}M parameters; {args.requests} requests x {args.new_tokens} new tokens; "
-          f"threads={args.threads}; median of {args.repeats}")
+    print(
+        f"model: {n_params / 1e6:.2f}M parameters; {args.requests} requests x {args.new_tokens} new tokens; "
+        f"threads={args.threads}; median of {args.repeats}"
+    )
     median = {name: statistics.median(v) for name, v in results.items()}
     for name, tps in median.items():
         print(f"  {name:28s} {tps:10.0f} tokens/s")

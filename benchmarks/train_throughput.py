@@ -17,12 +17,12 @@ import tempfile
 import time
 
 import torch
+from shared import SHARED_MODEL
 from transformers import AutoModelForCausalLM
 
 from lit_agentrl.batching import TrainingSample, collate, plan_micro_batches
 from lit_agentrl.models.tiny import save_tiny_model
 from lit_agentrl.objective import Objective, loss_scale, micro_batch_loss
-from shared import SHARED_MODEL
 
 OBJECTIVE = Objective(entropy_coef=0.0)
 
@@ -41,8 +41,13 @@ def make_samples(n: int, vocab: int, seed: int = 0) -> list[TrainingSample]:
 def padded_to_longest(samples: list[TrainingSample], pad: int) -> list[TrainingSample]:
     width = max(len(s) for s in samples)
     return [
-        TrainingSample(s.input_ids + [pad] * (width - len(s)), s.targets + [pad] * (width - len(s)),
-                       s.loss_mask + [0] * (width - len(s)), s.old_logprobs + [0.0] * (width - len(s)), s.advantage)
+        TrainingSample(
+            s.input_ids + [pad] * (width - len(s)),
+            s.targets + [pad] * (width - len(s)),
+            s.loss_mask + [0] * (width - len(s)),
+            s.old_logprobs + [0.0] * (width - len(s)),
+            s.advantage,
+        )
         for s in samples
     ]
 
@@ -81,8 +86,10 @@ def main() -> None:
             step(model, batch, plans, pad)
             if round_:
                 results[name].append(useful / (time.perf_counter() - start))
-    print(f"64 sequences, {useful} useful tokens (longest {max(len(s) for s in samples)}), budget {args.budget}, "
-          f"{args.threads} threads, median of {args.rounds}")
+    print(
+        f"64 sequences, {useful} useful tokens (longest {max(len(s) for s in samples)}), budget {args.budget}, "
+        f"{args.threads} threads, median of {args.rounds}"
+    )
     medians = {name: statistics.median(v) for name, v in results.items()}
     for name, tps in medians.items():
         print(f"  {name:28s} {tps:9.0f} useful tokens/s  ({len(ways[name][1])} micro-batches)")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import os
 import shutil
@@ -42,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from compute_floor import measure as measure_floor
-from lit_agentrl.rewards import register_reward
 from shared import SHARED_MODEL
+
+from lit_agentrl.rewards import register_reward
 
 REWARD_NAME = "vs_trl_length"
 N_PROMPTS = 64
@@ -104,12 +106,16 @@ StepClock = _lightning_clock()
 # ------------------------------------------------------------------------------------------------- workers
 def run_ours(model_dir: Path, work: Path, scenario: str, steps: int, lr: float, seed: int, clock: Path) -> Path:
     import yaml
-
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = [
-        {"data_source": REWARD_NAME, "agent_name": "single_turn", "prompt": [{"role": "user", "content": p}], "ground_truth": "-"}
+        {
+            "data_source": REWARD_NAME,
+            "agent_name": "single_turn",
+            "prompt": [{"role": "user", "content": p}],
+            "ground_truth": "-",
+        }
         for p in make_prompts()
     ]
     data = work / "prompts.jsonl"
@@ -122,18 +128,37 @@ def run_ours(model_dir: Path, work: Path, scenario: str, steps: int, lr: float, 
     config = {
         "seed_everything": seed,
         "trainer": {
-            "accelerator": "cpu", "devices": 1, "max_steps": steps, "log_every_n_steps": 1,
-            "num_sanity_val_steps": 0, "enable_progress_bar": False, "enable_model_summary": False,
-            "enable_checkpointing": False, "default_root_dir": str(work),
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(work), "name": "csv"}},
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": steps,
+            "log_every_n_steps": 1,
+            "num_sanity_val_steps": 0,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "enable_checkpointing": False,
+            "default_root_dir": str(work),
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(work), "name": "csv"},
+            },
             "callbacks": [
-                {"class_path": "lit_agentrl.callbacks.RolloutCallback",
-                 "init_args": {"n_samples": N_SAMPLES, "sampling_params": sampling, "check_template_drift": False}},
-                {"class_path": "vs_trl.StepClock", "init_args": {"out": str(clock), "steps": str(work / "steps.jsonl")}},
+                {
+                    "class_path": "lit_agentrl.callbacks.RolloutCallback",
+                    "init_args": {"n_samples": N_SAMPLES, "sampling_params": sampling, "check_template_drift": False},
+                },
+                {
+                    "class_path": "vs_trl.StepClock",
+                    "init_args": {"out": str(clock), "steps": str(work / "steps.jsonl")},
+                },
             ],
         },
         "model": {"model_path": str(model_dir), "lr": lr, "kl_coef": 0.0, "grad_clip": 1.0},
-        "data": {"train_files": str(data), "prompts_per_step": PROMPTS_PER_STEP, "agent_modules": ["vs_trl"], "seed": seed},
+        "data": {
+            "train_files": str(data),
+            "prompts_per_step": PROMPTS_PER_STEP,
+            "agent_modules": ["vs_trl"],
+            "seed": seed,
+        },
     }
     path = work / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -171,17 +196,39 @@ def trl_worker(args: argparse.Namespace) -> None:
             Path(args.clock).write_text(json.dumps(times))
 
     config = GRPOConfig(
-        output_dir=args.work, use_cpu=True, bf16=False, fp16=False, seed=args.seed,
+        output_dir=args.work,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=args.seed,
         per_device_train_batch_size=PROMPTS_PER_STEP * N_SAMPLES,  # counts completions
-        num_generations=N_SAMPLES, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
-        beta=0.0, num_iterations=1, gradient_accumulation_steps=1, steps_per_generation=1,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0,
-        max_steps=args.steps, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
-        dataloader_num_workers=0, generation_kwargs=generation_kwargs or None,
+        num_generations=N_SAMPLES,
+        max_completion_length=NEW_TOKENS,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        num_iterations=1,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        max_steps=args.steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        generation_kwargs=generation_kwargs or None,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tok, callbacks=[Clock()])
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tok, callbacks=[Clock()]
+    )
     trainer.train()
     lengths = [h.get("completions/mean_length") for h in trainer.state.log_history if "completions/mean_length" in h]
     Path(args.work, "lengths.json").write_text(json.dumps(lengths))
@@ -190,7 +237,7 @@ def trl_worker(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------------------------- driver
 def step_seconds(clock: Path, warmup: int) -> list[float]:
     times = json.loads(clock.read_text())
-    return [b - a for a, b in zip(times, times[1:])][warmup:]
+    return [b - a for a, b in itertools.pairwise(times)][warmup:]
 
 
 BREAKDOWN = {  # our per-step phases: CSV metric(s)
@@ -211,7 +258,9 @@ def our_breakdown(work: Path, walls: list[float], warmup: int) -> dict[str, list
     with open(path) as f:
         for row in csv.DictReader(f):
             entry = by_step.setdefault(int(row["step"]), {})
-            entry.update({k: float(v) for k, v in row.items() if v and (k.startswith("time/") or k.startswith("rollout/"))})
+            entry.update(
+                {k: float(v) for k, v in row.items() if v and (k.startswith("time/") or k.startswith("rollout/"))}
+            )
     steps = [by_step[k] for k in sorted(by_step)][warmup : warmup + len(walls)]
     out: dict[str, list[float]] = {key: [] for key in [*BREAKDOWN, "other", "length"]}
     for wall, metrics in zip(walls, steps):
@@ -252,14 +301,29 @@ def main() -> None:
     root = Path(args.workdir or tempfile.mkdtemp(prefix="vs_trl-"))
     model_dir = save_tiny_model(root / "model", SHARED_MODEL)
     here = Path(__file__).resolve().parent
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
-               TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])))
-    cli = [shutil.which("lit-agentrl")] if shutil.which("lit-agentrl") else [sys.executable, "-c", "from lit_agentrl.cli import main; main()"]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(args.threads),
+        MKL_NUM_THREADS=str(args.threads),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])),
+    )
+    cli = (
+        [shutil.which("lit-agentrl")]
+        if shutil.which("lit-agentrl")
+        else [sys.executable, "-c", "from lit_agentrl.cli import main; main()"]
+    )
     sides = ("ours", "floor") if args.no_trl else ("ours", "trl", "floor")
     results: dict[str, dict[str, Any]] = {}
     for scenario in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
-        res = results[scenario] = {"ours": [], "trl": [], "floor": [], "trl_length": [], "floor_parts": [],
-                                   "breakdown": {k: [] for k in [*BREAKDOWN, "other", "length"]}}
+        res = results[scenario] = {
+            "ours": [],
+            "trl": [],
+            "floor": [],
+            "trl_length": [],
+            "floor_parts": [],
+            "breakdown": {k: [] for k in [*BREAKDOWN, "other", "length"]},
+        }
         for rnd in range(args.rounds):
             for side in sides:
                 work = root / f"{scenario}-{'ours' if side == 'floor' else side}-{rnd}"  # the floor reads ours' steps
@@ -269,10 +333,30 @@ def main() -> None:
                     config = run_ours(model_dir, work, scenario, args.steps, args.lr, args.seed + rnd, clock)
                     cmd = [*cli, "fit", "--config", str(config)]
                 else:
-                    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--model", str(model_dir),
-                           "--scenario", scenario, "--work", str(work), "--clock", str(clock), "--steps", str(args.steps),
-                           "--threads", str(args.threads), "--lr", str(args.lr), "--seed", str(args.seed + rnd),
-                           "--warmup", str(args.warmup)]
+                    cmd = [
+                        sys.executable,
+                        str(Path(__file__).resolve()),
+                        "--worker",
+                        side,
+                        "--model",
+                        str(model_dir),
+                        "--scenario",
+                        scenario,
+                        "--work",
+                        str(work),
+                        "--clock",
+                        str(clock),
+                        "--steps",
+                        str(args.steps),
+                        "--threads",
+                        str(args.threads),
+                        "--lr",
+                        str(args.lr),
+                        "--seed",
+                        str(args.seed + rnd),
+                        "--warmup",
+                        str(args.warmup),
+                    ]
                 start = time.perf_counter()
                 proc = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True)
                 if proc.returncode != 0:
@@ -289,8 +373,11 @@ def main() -> None:
                         res["breakdown"][k] += v
                 elif side == "trl":
                     res["trl_length"] += json.loads((work / "lengths.json").read_text())[args.warmup :]
-                print(f"[{scenario} round {rnd}] {side}: {len(walls)} steps, median {statistics.median(walls):.2f} s/step "
-                      f"(process {time.perf_counter() - start:.0f} s)", flush=True)
+                print(
+                    f"[{scenario} round {rnd}] {side}: {len(walls)} steps, median {statistics.median(walls):.2f} s/step "
+                    f"(process {time.perf_counter() - start:.0f} s)",
+                    flush=True,
+                )
     report(results, args)
     print(f"scratch: {root}")
 
@@ -299,17 +386,26 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
     def med(values: list[float]) -> float:
         return statistics.median(values) if values else float("nan")
 
-    print(f"\nthreads={args.threads}, {PROMPTS_PER_STEP} prompts x {N_SAMPLES} samples, <= {NEW_TOKENS} new tokens, "
-          f"warm-up {args.warmup} of {args.steps} steps dropped per run, {args.rounds} rounds; median s/step")
-    print(f"{'scenario':<9} {'ours':>6} {'TRL':>6} {'floor':>6} {'ours/TRL':>9} {'ours/floor':>11} {'steps':>9} "
-          f"{'tokens ours/TRL':>16}")
+    print(
+        f"\nthreads={args.threads}, {PROMPTS_PER_STEP} prompts x {N_SAMPLES} samples, <= {NEW_TOKENS} new tokens, "
+        f"warm-up {args.warmup} of {args.steps} steps dropped per run, {args.rounds} rounds; median s/step"
+    )
+    print(
+        f"{'scenario':<9} {'ours':>6} {'TRL':>6} {'floor':>6} {'ours/TRL':>9} {'ours/floor':>11} {'steps':>9} "
+        f"{'tokens ours/TRL':>16}"
+    )
     for scenario, res in results.items():
         ours, trl, floor = med(res["ours"]), med(res["trl"]), med(res["floor"])
         lengths = f"{statistics.fmean(res['breakdown']['length']):.1f}/" + (
-            f"{statistics.fmean(res['trl_length']):.1f}" if res["trl_length"] else "-")
-        print(f"{scenario:<9} {ours:>6.2f} {trl:>6.2f} {floor:>6.2f} {ours / trl:>9.2f} {ours / floor:>11.2f} "
-              f"{len(res['ours']):>3}/{len(res['trl'])}/{len(res['floor'])} {lengths:>16}")
-    print("\nours, per step (median s): rollout = generation (engine compute) + reward + agents (graphs, templates, scheduling)")
+            f"{statistics.fmean(res['trl_length']):.1f}" if res["trl_length"] else "-"
+        )
+        print(
+            f"{scenario:<9} {ours:>6.2f} {trl:>6.2f} {floor:>6.2f} {ours / trl:>9.2f} {ours / floor:>11.2f} "
+            f"{len(res['ours']):>3}/{len(res['trl'])}/{len(res['floor'])} {lengths:>16}"
+        )
+    print(
+        "\nours, per step (median s): rollout = generation (engine compute) + reward + agents (graphs, templates, scheduling)"
+    )
     print(f"{'scenario':<9} " + " ".join(f"{k:>10}" for k in [*BREAKDOWN, "other", "other %"]))
     for scenario, res in results.items():
         b = {k: med(v) for k, v in res["breakdown"].items()}

@@ -29,8 +29,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = TinyModelConfig(hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
-                          num_attention_heads=8, num_key_value_heads=4, head_dim=args.hidden // 8)
+    cfg = TinyModelConfig(
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=args.hidden // 8,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = str(save_tiny_model(tmp, cfg))
         policy = AutoModelForCausalLM.from_pretrained(path)

@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
 
-from lit_agentrl.models.tiny import save_tiny_model  # noqa: E402
+from lit_agentrl.models.tiny import save_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

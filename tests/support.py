@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import csv
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import yaml
@@ -19,8 +20,13 @@ MATH_SAMPLE_TEST = REPO_ROOT / "data" / "samples" / "math_sample_test.jsonl"
 MATH_EVAL_CFG = REPO_ROOT / "configs" / "agents" / "math_eval.yaml"
 SGLANG_SHIM = REPO_ROOT / "tests" / "sglang_shim"
 # SGLang on CPU: the facts measured for 0.5.23 (torch_native attention, float32, a small KV cache).
-SGLANG_CPU = {"device": "cpu", "attention_backend": "torch_native", "dtype": "float32",
-              "mem_fraction_static": 0.05, "max_total_tokens": 4096}
+SGLANG_CPU = {
+    "device": "cpu",
+    "attention_backend": "torch_native",
+    "dtype": "float32",
+    "mem_fraction_static": 0.05,
+    "max_total_tokens": 4096,
+}
 
 
 def require_sglang() -> None:
@@ -55,7 +61,7 @@ class ScriptedEngine(RolloutEngine):
         self.calls.append(list(input_ids))
         reply = self.replies.pop(0)
         ids = reply if isinstance(reply, list) else self.tokenizer.encode(reply, add_special_tokens=False)
-        ids = ids + [self.tokenizer.eos_token_id]
+        ids = [*ids, self.tokenizer.eos_token_id]
         finish: dict = {"type": "stop", "matched": self.tokenizer.eos_token_id}
         if len(ids) > params.max_new_tokens:
             ids, finish = ids[: params.max_new_tokens], {"type": "length", "length": params.max_new_tokens}
@@ -87,7 +93,7 @@ class ScriptedEngine(RolloutEngine):
 def tool_call_text(name: str, arguments: dict) -> str:
     import json
 
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def quick_config(
@@ -97,14 +103,28 @@ def quick_config(
     config = {
         "seed_everything": 7,
         "trainer": {
-            "accelerator": "cpu", "devices": 1, "max_steps": steps, "log_every_n_steps": 1,
-            "num_sanity_val_steps": 0, "enable_progress_bar": False, "enable_model_summary": False,
-            "enable_checkpointing": False, "default_root_dir": str(tmp_path),
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "logs")}},
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": steps,
+            "log_every_n_steps": 1,
+            "num_sanity_val_steps": 0,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "enable_checkpointing": False,
+            "default_root_dir": str(tmp_path),
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(tmp_path / "logs")},
+            },
             "callbacks": [
-                {"class_path": "lit_agentrl.callbacks.RolloutCallback",
-                 "init_args": {"n_samples": n_samples, "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
-                               "val_sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}},
+                {
+                    "class_path": "lit_agentrl.callbacks.RolloutCallback",
+                    "init_args": {
+                        "n_samples": n_samples,
+                        "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
+                        "val_sampling_params": {"max_new_tokens": 4, "temperature": 0.0},
+                    },
+                },
                 *(callbacks or []),
             ],
             **trainer,
@@ -113,7 +133,8 @@ def quick_config(
         "data": {
             "train_files": str(REPO_ROOT / "data/quickstart/train.jsonl"),
             "val_files": str(REPO_ROOT / "data/quickstart/val.jsonl"),
-            "prompts_per_step": 4, "val_prompts_per_step": 10,
+            "prompts_per_step": 4,
+            "val_prompts_per_step": 10,
         },
     }
     path = tmp_path / "config.yaml"

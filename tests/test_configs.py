@@ -27,7 +27,10 @@ def test_run_config_parses_and_instantiates(path: Path, monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.chdir(tmp_path)  # loggers may create folders
     cli = AgentRLCLI(
-        GRPOModule, AgentPromptDataModule, run=False, args=["--config", str(path), "--trainer.accelerator", "cpu", "--trainer.devices", "1"],
+        GRPOModule,
+        AgentPromptDataModule,
+        run=False,
+        args=["--config", str(path), "--trainer.accelerator", "cpu", "--trainer.devices", "1"],
         trainer_defaults={"use_distributed_sampler": False},
     )
     assert cli.datamodule.tokenizer_path == cli.model.hparams.model_path  # linked by the CLI

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 DATA = Path(__file__).resolve().parent.parent
 

@@ -17,8 +17,9 @@ from lit_agentrl.agents.registry import import_modules
 from lit_agentrl.engines import RolloutEngine, SamplingParams, build_engines
 from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.metrics import RolloutMetrics
+from lit_agentrl.module import GRPOModule
 from lit_agentrl.rollout.manager import RolloutManager
-from lit_agentrl.types import PromptBatch
+from lit_agentrl.types import RolloutBatch
 
 
 class RolloutCallback(Callback):
@@ -100,9 +101,9 @@ class RolloutCallback(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.engines:
             return
-        model_path = pl_module.hparams.model_path
-        temperature = getattr(pl_module.hparams, "rollout_temperature", None)
-        if temperature is not None and abs(self.sampling.temperature - temperature) > 1e-9:
+        module = _grpo_module(pl_module)
+        model_path, temperature = module.model_path, module.objective.temperature
+        if abs(self.sampling.temperature - temperature) > 1e-9:
             raise ValueError(
                 f"RolloutCallback.sampling_params.temperature={self.sampling.temperature} but "
                 f"model.rollout_temperature={temperature}: log-probs must be computed at the sampling temperature"
@@ -118,7 +119,9 @@ class RolloutCallback(Callback):
             tokenizer,
             max_inflight_per_engine=self.max_inflight_per_engine,
             trajectory_timeout_s=self.trajectory_timeout_s,
-            reward_fn=getattr(trainer.datamodule, "reward_fn", None),
+            reward_fn=getattr(
+                getattr(trainer, "datamodule", None), "reward_fn", None
+            ),  # a user's data module may have none
             check_template_drift=self.check_template_drift,
         )
         self.metrics.to(pl_module.device)
@@ -138,27 +141,34 @@ class RolloutCallback(Callback):
 
     # ------------------------------------------------------------------ training
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._prepare_engines(trainer, pl_module)
         self._reseed(trainer, "train")
         start, busy = time.perf_counter(), self._engine_busy_seconds()
-        batch.rollout = self.manager.generate(batch.rows, self.n_samples, self.sampling_params)
+        rollout = batch.rollout = self._manager().generate(batch.rows, self.n_samples, self.sampling_params)
         seconds = time.perf_counter() - start
-        if busy is not None:
-            pl_module.log("time/generation_s", self._engine_busy_seconds() - busy, on_step=True, batch_size=1)
+        busy_after = self._engine_busy_seconds()
+        if busy is not None and busy_after is not None:
+            pl_module.log("time/generation_s", busy_after - busy, on_step=True, batch_size=1)
         if self.colocate:  # the training step gets the memory; SGLang needs an idle engine for this
             for engine in self.engines:
                 engine.release_memory_occupation(tags=["kv_cache", "weights"])
             self._released = True
-        metrics = self.metrics.compute(batch.rollout.trajectories, seconds)
-        self._count(batch)
-        self._check_failures(metrics, batch)
+        metrics = self.metrics.compute(rollout.trajectories, seconds)
+        self._count(rollout)
+        self._check_failures(metrics, rollout)
         pl_module.log_dict(metrics, on_step=True, batch_size=1)
-        pl_module.log("rollout/reward", metrics["rollout/reward_mean"], on_step=True, prog_bar=True, logger=False, batch_size=1)
+        pl_module.log(
+            "rollout/reward", metrics["rollout/reward_mean"], on_step=True, prog_bar=True, logger=False, batch_size=1
+        )
         pl_module.log("time/rollout_s", seconds, on_step=True, prog_bar=True, batch_size=1)
-        pl_module.log("time/reward_s", batch.rollout.stats.reward_seconds, on_step=True, batch_size=1)
+        pl_module.log("time/reward_s", rollout.stats.reward_seconds, on_step=True, batch_size=1)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         start = time.perf_counter()
         self._needs_sync = True
         self._prepare_engines(trainer, pl_module)
@@ -171,7 +181,12 @@ class RolloutCallback(Callback):
     ) -> None:
         self._prepare_engines(trainer, pl_module)
         self._reseed(trainer, f"val-{batch_idx}")
-        batch.rollout = self.manager.generate(batch.rows, self.val_n_samples, self.val_sampling_params)
+        batch.rollout = self._manager().generate(batch.rows, self.val_n_samples, self.val_sampling_params)
+
+    def _manager(self) -> RolloutManager:
+        if self.manager is None:
+            raise RuntimeError("RolloutCallback.setup has not run: the callback must be in trainer.callbacks")
+        return self.manager
 
     def _engine_busy_seconds(self) -> float | None:
         """Model compute of the in-process engines so far (None when they do not count it, as SGLang's)."""
@@ -203,26 +218,31 @@ class RolloutCallback(Callback):
 
     def _sync(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         shared = any(engine.shared for engine in self.engines)
-        sync_weights(pl_module.model, self.engines, self.sync_bucket_bytes, push=trainer.is_global_zero or not shared)
+        sync_weights(
+            _grpo_module(pl_module).policy,
+            self.engines,
+            self.sync_bucket_bytes,
+            push=trainer.is_global_zero or not shared,
+        )
         if shared:  # no rank may generate from the servers before rank 0 has updated them
             trainer.strategy.barrier("rollout_weight_sync")
         self.totals["syncs"] += 1
         self._needs_sync = False
 
-    def _check_failures(self, metrics: dict[str, float], batch: PromptBatch) -> None:
+    def _check_failures(self, metrics: dict[str, float], rollout: RolloutBatch) -> None:
         """Stop when too many trajectories failed; every rank sees the same global counts, so all stop."""
         total = metrics["rollout/trajectories"]
         if total and metrics["rollout/failed"] / total > self.max_failed_fraction:
-            reasons = "; ".join(f"{n} x {reason}" for reason, n in batch.rollout.stats.failure_reasons.most_common(3))
+            reasons = "; ".join(f"{n} x {reason}" for reason, n in rollout.stats.failure_reasons.most_common(3))
             raise RuntimeError(
                 f"{metrics['rollout/failed']:.0f} of {total:.0f} trajectories failed this step, more than "
                 f"max_failed_fraction={self.max_failed_fraction}; most common reasons on this rank: {reasons}"
             )
 
-    def _count(self, batch: PromptBatch) -> None:
+    def _count(self, rollout: RolloutBatch) -> None:
         self.totals["rollouts"] += 1
-        self.totals["trajectories"] += len(batch.rollout.trajectories)
-        self.totals["failed"] += batch.rollout.stats.num_failed
+        self.totals["trajectories"] += len(rollout.trajectories)
+        self.totals["failed"] += rollout.stats.num_failed
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -232,7 +252,9 @@ class RolloutCallback(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.totals.update(state_dict.get("totals", {}))
         self._needs_sync = True  # the engines still hold the initial weights; the restored policy differs
-        rank_zero_info("RolloutCallback: the engines will be re-synced with the restored policy before the first rollout")
+        rank_zero_info(
+            "RolloutCallback: the engines will be re-synced with the restored policy before the first rollout"
+        )
 
 
 def load_tokenizer(model_path: str) -> Any:
@@ -241,3 +263,9 @@ def load_tokenizer(model_path: str) -> Any:
         return AutoTokenizer.from_pretrained(model_path)
     except (OSError, ValueError) as exc:
         raise ValueError(f"model.model_path={model_path!r}: no loadable tokenizer there ({exc})") from exc
+
+
+def _grpo_module(pl_module: L.LightningModule) -> GRPOModule:
+    if not isinstance(pl_module, GRPOModule):
+        raise TypeError(f"RolloutCallback trains a GRPOModule, not a {type(pl_module).__name__}")
+    return pl_module

@@ -13,8 +13,9 @@ import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput
 from lit_agentrl.agents.config import load_agent_cfg
@@ -153,7 +154,9 @@ class RolloutManager:
                 run = graph.run(sampling_params=sampling_params, **kwargs)
                 output = await asyncio.wait_for(run, self.trajectory_timeout_s)
                 if not isinstance(output, AgentGraphOutput):
-                    raise TypeError(f"{type(graph).__name__}.run returned {type(output).__name__}, not AgentGraphOutput")
+                    raise TypeError(
+                        f"{type(graph).__name__}.run returned {type(output).__name__}, not AgentGraphOutput"
+                    )
                 check_output(output)
             reward = await self._reward(output, row, kwargs["ground_truth"])  # the engine slot is free meanwhile
         except asyncio.TimeoutError:
@@ -173,7 +176,11 @@ class RolloutManager:
         if key not in self._graphs:
             cls = get_agent_class(agent_name)
             graph = cls(
-                agent_name, load_agent_cfg(cfg_path), self.engines[engine_index], self.tokenizer, processor=self.processor
+                agent_name,
+                load_agent_cfg(cfg_path),
+                self.engines[engine_index],
+                self.tokenizer,
+                processor=self.processor,
             )
             graph.check_template_drift = self.check_template_drift
             self._graphs[key] = graph
@@ -223,7 +230,9 @@ def check_output(output: AgentGraphOutput) -> None:
     if not isinstance(metrics, Mapping) or not all(
         isinstance(k, str) and isinstance(v, (int, float)) and math.isfinite(v) for k, v in metrics.items()
     ):
-        raise ValueError(f"extra_fields[{AGENT_METRICS_FIELD!r}] must map metric names to finite numbers, got {metrics!r}")
+        raise ValueError(
+            f"extra_fields[{AGENT_METRICS_FIELD!r}] must map metric names to finite numbers, got {metrics!r}"
+        )
 
 
 def _to_trajectory(

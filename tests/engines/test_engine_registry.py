@@ -22,6 +22,7 @@ from lit_agentrl.engines import (
 )
 from lit_agentrl.engines.base import check_named_tensors
 from lit_agentrl.engines.hf import TransformersEngine
+from lit_agentrl.module import GRPOModule
 
 BUILT: list[RecordingEngine] = []
 
@@ -135,7 +136,7 @@ def test_importing_the_engines_or_naming_sglang_does_not_import_sglang():
 
 def fake_run(model_dir: Path) -> tuple[Any, Any]:
     trainer = SimpleNamespace(datamodule=SimpleNamespace(reward_fn=None))
-    pl_module = SimpleNamespace(hparams=SimpleNamespace(model_path=str(model_dir)), device=torch.device("cpu"))
+    pl_module = GRPOModule(str(model_dir))  # setup reads its settings only; the model is not loaded
     return trainer, pl_module
 
 

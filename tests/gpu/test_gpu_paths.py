@@ -56,18 +56,28 @@ def test_fsdp2_fit_over_nccl_syncs_exact_weights(tmp_path, quickstart_model_dir)
     from support import quick_config
 
     callbacks = [{"class_path": "probes.SyncChecker", "init_args": {"path": str(tmp_path / "sync.jsonl")}}]
-    strategy = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
-                "init_args": {"data_parallel_size": devices, "tensor_parallel_size": 1}}
-    path = quick_config(tmp_path, quickstart_model_dir, steps=3, callbacks=callbacks, devices=devices, strategy=strategy)
+    strategy = {
+        "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+        "init_args": {"data_parallel_size": devices, "tensor_parallel_size": 1},
+    }
+    path = quick_config(
+        tmp_path, quickstart_model_dir, steps=3, callbacks=callbacks, devices=devices, strategy=strategy
+    )
     config = yaml.safe_load(path.read_text())
     config["trainer"]["accelerator"] = "gpu"
     config["trainer"]["callbacks"][0]["init_args"]["engine_kwargs"] = {"device": "cuda"}
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "tests" / "training"), str(REPO_ROOT)])}
-    result = subprocess.run([sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(path)],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540)
+    result = subprocess.run(
+        [sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
-    syncs = [json.loads(line) for line in open(tmp_path / "sync.jsonl")]
+    syncs = [json.loads(line) for line in Path(tmp_path / "sync.jsonl").read_text().splitlines()]
     assert syncs and all(s["mismatched"] == [] for s in syncs), syncs
 
 
@@ -76,8 +86,11 @@ def test_bf16_engine_matches_policy_greedy(tiny_model_dir, policy_model):
 
     engine = TransformersEngine(str(tiny_model_dir), device="cuda", dtype="bfloat16")
     try:
-        out = asyncio.run(engine.async_generate(input_ids=[5, 6, 7], sampling_params={"temperature": 0, "max_new_tokens": 4},
-                                                return_logprob=True))
+        out = asyncio.run(
+            engine.async_generate(
+                input_ids=[5, 6, 7], sampling_params={"temperature": 0, "max_new_tokens": 4}, return_logprob=True
+            )
+        )
     finally:
         engine.shutdown()
     assert len(out["output_ids"]) >= 1 and all(lp[0] <= 0 for lp in out["meta_info"]["output_token_logprobs"])

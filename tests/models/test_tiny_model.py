@@ -37,14 +37,21 @@ def test_chat_template_renders_tools_and_tool_calls(tokenizer):
     messages = [
         {"role": "system", "content": "S"},
         {"role": "user", "content": "Q"},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "check", "arguments": {"a": 1}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "check", "arguments": {"a": 1}}}],
+        },
         {"role": "tool", "content": "ok"},
         {"role": "tool", "content": "ok2"},
     ]
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\nS\n\n# Tools") and '"name": "check"' in text
     assert '<tool_call>\n{"name": "check", "arguments": {"a": 1}}\n</tool_call><|im_end|>\n' in text
-    assert "<|im_start|>user\n<tool_response>\nok\n</tool_response>\n<tool_response>\nok2\n</tool_response><|im_end|>\n" in text
+    assert (
+        "<|im_start|>user\n<tool_response>\nok\n</tool_response>\n<tool_response>\nok2\n</tool_response><|im_end|>\n"
+        in text
+    )
     assert text.endswith("<|im_start|>assistant\n")
 
 

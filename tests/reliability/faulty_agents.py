@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Sequence, TypedDict
+from collections.abc import Sequence
+from typing import Annotated, Any, TypedDict
 
 from langchain_core.messages import BaseMessage, ToolMessage
 from langgraph.graph import END, StateGraph
@@ -38,7 +39,9 @@ class HangingTool(AgentGraph):
         self.graph = workflow.compile()
 
     async def _model(self, state, config):
-        return {"messages": [await self.chatmodel.ainvoke(state["messages"], sampling_params=config["configurable"]["sp"])]}
+        return {
+            "messages": [await self.chatmodel.ainvoke(state["messages"], sampling_params=config["configurable"]["sp"])]
+        }
 
     async def _hang(self, state, config):
         await asyncio.sleep(3600)

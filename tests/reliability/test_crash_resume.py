@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import REPO_ROOT, quick_config
-from transformers import AutoModelForCausalLM
-
 from lightning.fabric.plugins.io import torch_io
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from support import REPO_ROOT, quick_config
+from transformers import AutoModelForCausalLM
 
 from lit_agentrl.checkpoint import AtomicCheckpointIO
 
@@ -30,8 +29,10 @@ def config_for(folder: Path, model_dir: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     callbacks = [
         {"class_path": "probes.PromptRecorder", "init_args": {"path": str(folder / "prompts.jsonl")}},
-        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-         "init_args": {"dirpath": str(folder / "ckpt"), "every_n_train_steps": 1, "save_top_k": -1}},
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"dirpath": str(folder / "ckpt"), "every_n_train_steps": 1, "save_top_k": -1},
+        },
         {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": str(folder / "hf")}},
     ]
     return quick_config(folder, model_dir, STEPS, callbacks, n_samples=8, enable_checkpointing=True)
@@ -39,8 +40,13 @@ def config_for(folder: Path, model_dir: Path) -> Path:
 
 def launch(config: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRAINING), str(REPO_ROOT)])}
-    return subprocess.Popen([sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(config), *extra],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(config), *extra],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def steps_recorded(path: Path) -> int:
@@ -72,13 +78,17 @@ def test_sigkill_then_resume_matches_an_unbroken_run(tmp_path, quickstart_model_
     process.wait(timeout=60)
     assert process.returncode == -signal.SIGKILL
 
-    checkpoints = sorted((tmp_path / "crashed" / "ckpt").glob("*.ckpt"), key=lambda p: int(re.search(r"step=(\d+)", p.name)[1]))
+    checkpoints = sorted(
+        (tmp_path / "crashed" / "ckpt").glob("*.ckpt"), key=lambda p: int(re.search(r"step=(\d+)", p.name)[1])
+    )
     assert checkpoints, "no checkpoint was written before the kill"
     resumed = launch(crashed, "--ckpt_path", str(checkpoints[-1]))
     _, err = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, err[-3000:]
 
-    assert final_prompts(tmp_path / "crashed" / "prompts.jsonl") == final_prompts(tmp_path / "straight" / "prompts.jsonl")
+    assert final_prompts(tmp_path / "crashed" / "prompts.jsonl") == final_prompts(
+        tmp_path / "straight" / "prompts.jsonl"
+    )
     a = AutoModelForCausalLM.from_pretrained(tmp_path / "straight" / "hf" / "final").state_dict()
     b = AutoModelForCausalLM.from_pretrained(tmp_path / "crashed" / "hf" / "final").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a), f"killed after step {kill_after}: weights differ"
@@ -104,5 +114,5 @@ def test_interrupted_save_leaves_the_previous_checkpoint_usable(tmp_path, monkey
         assert io.load_checkpoint(path)["step"] == 1
         assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
     else:
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017  # whatever torch raises for a truncated file
             io.load_checkpoint(path)

@@ -6,6 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import faulty_agents  # noqa: F401  registers the fault-injecting agents
 import pytest
 import yaml
 from support import MATH_SAMPLE_TRAIN, tool_call_text
@@ -15,8 +16,6 @@ from lit_agentrl.agents.matheval import MathEvalAgentGraph
 from lit_agentrl.engines.base import EngineWrapper
 from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.rows import agent_run_kwargs
-
-import faulty_agents  # noqa: F401  registers the fault-injecting agents
 
 HERE = Path(__file__).resolve().parent
 
@@ -57,7 +56,7 @@ class FlakyEngine(EngineWrapper):
 
 
 def test_engine_errors_fail_only_their_trajectories(engine, tokenizer):
-    rows = [json.loads(line) for line in open(MATH_SAMPLE_TRAIN)][:4]
+    rows = [json.loads(line) for line in Path(MATH_SAMPLE_TRAIN).read_text().splitlines()][:4]
     manager = RolloutManager([FlakyEngine(engine)], tokenizer, reward_fn="math")
     batch = manager.generate(rows, n_samples=2, sampling_params={"max_new_tokens": 8})
     failed = [t for t in batch.trajectories if t.failed]
@@ -78,7 +77,9 @@ def test_too_many_failures_stop_the_run_quoting_the_reasons(tmp_path, quickstart
     data.write_text((json.dumps(row) + "\n") * 8)
     path = quick_config(tmp_path, quickstart_model_dir, steps=2)
     config = yaml.safe_load(path.read_text())
-    config["data"].update({"train_files": str(data), "val_files": None, "agent_modules": [str(HERE / "faulty_agents.py")]})
+    config["data"].update(
+        {"train_files": str(data), "val_files": None, "agent_modules": [str(HERE / "faulty_agents.py")]}
+    )
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(RuntimeError, match=r"16 of 16 trajectories failed .* 16 x ValueError: injected agent fault"):
         main(["fit", "--config", str(path)])

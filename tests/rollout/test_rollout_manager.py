@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import ClassVar
 
 import pytest
 from support import MATH_SAMPLE_TRAIN
@@ -73,7 +74,7 @@ class BadOutputAgent(AgentGraph):
 class SelfScoringAgent(AgentGraph):
     """One real model turn; scores itself from a row field, and records the kwargs it saw."""
 
-    seen: list[dict] = []
+    seen: ClassVar[list[dict]] = []
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -164,7 +165,9 @@ def test_inflight_bound_and_balancing_across_engines(engine, tokenizer):
     assert all(e.requests >= 8 for e in engines)  # 16 single-or-multi-turn trajectories split between two
 
 
-@pytest.mark.parametrize("kwargs, fragment", [({"max_inflight_per_engine": 0}, "max_inflight"), ({"trajectory_timeout_s": 0}, "timeout")])
+@pytest.mark.parametrize(
+    "kwargs, fragment", [({"max_inflight_per_engine": 0}, "max_inflight"), ({"trajectory_timeout_s": 0}, "timeout")]
+)
 def test_bad_manager_settings_are_refused(engine, tokenizer, kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         RolloutManager([engine], tokenizer, **kwargs)

@@ -19,8 +19,14 @@ class PromptRecorder(Callback):
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        record = {"rank": trainer.global_rank, "step": trainer.global_step, "prompts": [r["prompt"][-1]["content"] for r in batch.rows]}
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        record = {
+            "rank": trainer.global_rank,
+            "step": trainer.global_step,
+            "prompts": [r["prompt"][-1]["content"] for r in batch.rows],
+        }
         record["epoch"], record["index"] = batch.epoch, batch.index
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -32,7 +38,9 @@ class SyncChecker(Callback):
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         rollout = next(c for c in trainer.callbacks if type(c).__name__ == "RolloutCallback")
         mismatched = [
             name
@@ -40,7 +48,12 @@ class SyncChecker(Callback):
             if not torch.equal(rollout.engines[0].get_weights_by_name(name), full.to(torch.float32))
         ]
         sharded = any(hasattr(p, "full_tensor") for p in pl_module.model.parameters())
-        record = {"rank": trainer.global_rank, "step": trainer.global_step, "mismatched": mismatched, "sharded": sharded}
+        record = {
+            "rank": trainer.global_rank,
+            "step": trainer.global_step,
+            "mismatched": mismatched,
+            "sharded": sharded,
+        }
         with open(Path(self.path), "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -51,7 +64,9 @@ class PoisonReward(Callback):
     def __init__(self, batches: list[int]) -> None:
         self.batches = set(batches)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if batch_idx in self.batches:
             batch.rollout.trajectories[0].reward = float("nan")
 
@@ -63,10 +78,14 @@ class WeightWatcher(Callback):
         self.path = path
         self._before: dict[str, torch.Tensor] = {}
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._before = {k: v.detach().clone() for k, v in pl_module.model.state_dict().items()}
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         after = pl_module.model.state_dict()
         record = {
             "batch": batch_idx,
@@ -83,7 +102,9 @@ class GreedyAgreement(Callback):
     def __init__(self, path: str, prompt: list[int], new_tokens: int = 6) -> None:
         self.path, self.prompt, self.new_tokens = path, prompt, new_tokens
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         import asyncio
 
         rollout = next(c for c in trainer.callbacks if type(c).__name__ == "RolloutCallback")
@@ -91,7 +112,11 @@ class GreedyAgreement(Callback):
         params = {"temperature": 0.0, "max_new_tokens": self.new_tokens, "ignore_eos": True}
         request = engine.async_generate(input_ids=self.prompt, sampling_params=params)
         loop = getattr(engine, "loop", None)
-        result = loop.run_until_complete(request) if loop is not None else asyncio.new_event_loop().run_until_complete(request)
+        result = (
+            loop.run_until_complete(request)
+            if loop is not None
+            else asyncio.new_event_loop().run_until_complete(request)
+        )
         with torch.no_grad():
             policy = pl_module.model.generate(
                 torch.tensor([self.prompt]), max_new_tokens=self.new_tokens, do_sample=False, eos_token_id=None

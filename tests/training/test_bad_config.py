@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -31,7 +32,7 @@ def test_temperature_mismatch(tmp_path, quickstart_model_dir):
     def edit(c):
         callback_args(c)["sampling_params"]["temperature"] = 0.7
 
-    with pytest.raises(ValueError, match="model.rollout_temperature=1.0"):
+    with pytest.raises(ValueError, match=re.escape("model.rollout_temperature=1.0")):
         run_with(tmp_path, quickstart_model_dir, edit)
 
 

@@ -19,10 +19,23 @@ from lit_agentrl.cli import main
 pytestmark = pytest.mark.slow  # whole fits through the CLI
 
 DOCUMENTED_STEP_KEYS = {
-    "rollout/reward_mean", "rollout/reward_std", "rollout/response_length_mean", "rollout/num_turns_mean",
-    "rollout/failed", "train/loss", "train/entropy", "train/clip_frac", "train/grad_norm",
-    "time/rollout_s", "time/train_s", "time/sync_s", "time/generation_s", "time/forward_s", "time/backward_s",
-    "time/optimizer_s", "time/reward_s",
+    "rollout/reward_mean",
+    "rollout/reward_std",
+    "rollout/response_length_mean",
+    "rollout/num_turns_mean",
+    "rollout/failed",
+    "train/loss",
+    "train/entropy",
+    "train/clip_frac",
+    "train/grad_norm",
+    "time/rollout_s",
+    "time/train_s",
+    "time/sync_s",
+    "time/generation_s",
+    "time/forward_s",
+    "time/backward_s",
+    "time/optimizer_s",
+    "time/reward_s",
 }
 
 
@@ -60,11 +73,23 @@ def test_a_run_without_logger_writes_only_under_outputs(tmp_path, quickstart_mod
 
 def test_multiturn_quickstart_config_plays_whole_games(tmp_path, quickstart_model_dir, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)  # the shipped config names its data and agent YAML from the project root
-    main([
-        "fit", "--config", "configs/quickstart_multiturn.yaml", "--model.model_path", str(quickstart_model_dir),
-        "--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false",
-        "--trainer.logger.init_args.save_dir", str(tmp_path),
-    ])
+    main(
+        [
+            "fit",
+            "--config",
+            "configs/quickstart_multiturn.yaml",
+            "--model.model_path",
+            str(quickstart_model_dir),
+            "--trainer.max_steps",
+            "3",
+            "--trainer.val_check_interval",
+            "3",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+        ]
+    )
     rows = read_csv(next(tmp_path.rglob("metrics.csv")))
     steps = [r for r in rows if r.get("rollout/reward_mean")]
     assert len(steps) == 3
@@ -84,8 +109,10 @@ def test_wandb_offline_keeps_every_file_in_the_run_folder(tmp_path, quickstart_m
     monkeypatch.setenv("WANDB_MODE", "offline")
     for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(var, str(tmp_path / "wandb-files"))
-    logger = {"class_path": "lightning.pytorch.loggers.WandbLogger",
-              "init_args": {"save_dir": str(tmp_path / "wandb-files"), "offline": True, "project": "lit-agentrl-test"}}
+    logger = {
+        "class_path": "lightning.pytorch.loggers.WandbLogger",
+        "init_args": {"save_dir": str(tmp_path / "wandb-files"), "offline": True, "project": "lit-agentrl-test"},
+    }
     config = quick_config(tmp_path, quickstart_model_dir, steps=2, logger=logger)
     main(["fit", "--config", str(config)])
     history = list((tmp_path / "wandb-files").rglob("*.wandb"))
@@ -108,7 +135,10 @@ def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quick
         folder.mkdir(exist_ok=True)
         callbacks = [
             {"class_path": "probes.PromptRecorder", "init_args": {"path": str(folder / "prompts.jsonl")}},
-            {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": str(folder / "hf")}},
+            {
+                "class_path": "lit_agentrl.callbacks.export.HFExportCallback",
+                "init_args": {"dirpath": str(folder / "hf")},
+            },
             *extra,
         ]
         config = quick_config(folder, quickstart_model_dir, steps, callbacks, n_samples=8)
@@ -116,8 +146,10 @@ def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quick
         return folder
 
     straight = run("straight", 4, [])
-    checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                  "init_args": {"dirpath": str(tmp_path / "ckpt"), "every_n_train_steps": 2, "save_top_k": -1}}
+    checkpoint = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"dirpath": str(tmp_path / "ckpt"), "every_n_train_steps": 2, "save_top_k": -1},
+    }
     first = run("first", 2, [checkpoint], ["--trainer.enable_checkpointing", "true"])
     ckpt = next((tmp_path / "ckpt").glob("*.ckpt"))
     resumed = run("first", 4, [], ["--ckpt_path", str(ckpt)])
@@ -128,7 +160,11 @@ def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quick
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
     initial = AutoModelForCausalLM.from_pretrained(quickstart_model_dir).state_dict()
     assert not all(torch.equal(a[k], initial[k]) for k in a), "training did not change the weights"
-    norms = [float(r["train/grad_norm"]) for r in read_csv(next((straight / "logs").rglob("metrics.csv"))) if r.get("train/grad_norm")]
+    norms = [
+        float(r["train/grad_norm"])
+        for r in read_csv(next((straight / "logs").rglob("metrics.csv")))
+        if r.get("train/grad_norm")
+    ]
     assert any(n > 0 for n in norms), "no step had a policy gradient: the equality would be trivial"
 
 
@@ -137,22 +173,37 @@ def test_two_process_fsdp2_fit_syncs_exact_weights_checkpoints_and_exports(tmp_p
     callbacks = [
         {"class_path": "probes.SyncChecker", "init_args": {"path": str(tmp_path / "sync.jsonl")}},
         {"class_path": "probes.PromptRecorder", "init_args": {"path": str(tmp_path / "prompts.jsonl")}},
-        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-         "init_args": {"dirpath": str(tmp_path / "ckpt"), "every_n_train_steps": 2, "save_top_k": -1}},
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"dirpath": str(tmp_path / "ckpt"), "every_n_train_steps": 2, "save_top_k": -1},
+        },
         {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": str(tmp_path / "hf")}},
     ]
-    strategy = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
-                "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1}}
-    config = quick_config(tmp_path, quickstart_model_dir, steps=3, callbacks=callbacks, devices=2,
-                          strategy=strategy, enable_checkpointing=True)
+    strategy = {
+        "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+        "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
+    }
+    config = quick_config(
+        tmp_path,
+        quickstart_model_dir,
+        steps=3,
+        callbacks=callbacks,
+        devices=2,
+        strategy=strategy,
+        enable_checkpointing=True,
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO_ROOT)])}
     result = subprocess.run(
         [sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(config)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
     )
     assert result.returncode == 0, result.stderr[-4000:]
 
-    syncs = [json.loads(line) for line in open(tmp_path / "sync.jsonl")]
+    syncs = [json.loads(line) for line in Path(tmp_path / "sync.jsonl").read_text().splitlines()]
     assert sorted((s["rank"], s["step"]) for s in syncs) == [(r, s) for r in (0, 1) for s in (1, 2, 3)]
     assert all(s["sharded"] and s["mismatched"] == [] for s in syncs), syncs
     prompts = recorded(tmp_path / "prompts.jsonl")

@@ -27,11 +27,19 @@ GAMES = [["5", "8", "7"], ["5", "2", "1"], ["4", "6", "9"], ["5", "7"], ["7"]]
 async def play(engine_factory, guesses: list[str], sample: int) -> Trajectory:
     engine = engine_factory(list(guesses))
     agent = GuessDigitAgentGraph("guess_digit", {"max_guesses": 3}, engine, engine.tokenizer)
-    out = await agent.run([{"role": "user", "content": "guess"}], {"max_new_tokens": 2, "temperature": 1.0}, secret=SECRET)
+    out = await agent.run(
+        [{"role": "user", "content": "guess"}], {"max_new_tokens": 2, "temperature": 1.0}, secret=SECRET
+    )
     assert out.extra_fields["guesses"] == [int(g) for g in guesses]
     return Trajectory(
-        group=0, sample=sample, agent_name="guess_digit", prompt_ids=out.prompt_ids, all_token_ids=out.all_token_ids,
-        loss_mask=out.loss_mask, response_logprobs=out.response_logprobs, reward=out.reward_score,
+        group=0,
+        sample=sample,
+        agent_name="guess_digit",
+        prompt_ids=out.prompt_ids,
+        all_token_ids=out.all_token_ids,
+        loss_mask=out.loss_mask,
+        response_logprobs=out.response_logprobs,
+        reward=out.reward_score,
     )
 
 
@@ -82,7 +90,9 @@ async def test_turn_2_and_3_tokens_get_gradient_with_the_advantage_sign(
     if packing:
         assert any(len(row) > 1 for plan in plans for row in plan), "packing should put several games in one row"
 
-    for sample, games, grad in zip(prepared.samples, GAMES, logprob_grads(module, prepared.samples, plans, monkeypatch)):
+    for sample, games, grad in zip(
+        prepared.samples, GAMES, logprob_grads(module, prepared.samples, plans, monkeypatch)
+    ):
         per_turn = turns(sample.loss_mask)
         assert len(per_turn) == len(games)
         for turn, positions in enumerate(per_turn, start=1):

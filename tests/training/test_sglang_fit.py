@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
-from support import SGLANG_CPU, require_sglang
-from support import quick_config, read_csv
+from support import SGLANG_CPU, quick_config, read_csv, require_sglang
 
 from lit_agentrl.cli import main
 
@@ -17,7 +17,10 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 def test_fit_with_the_sglang_engine_syncs_weights_each_step(tmp_path, quickstart_model_dir):
     require_sglang()
     agreement = tmp_path / "agreement.jsonl"
-    probe = {"class_path": "probes.GreedyAgreement", "init_args": {"path": str(agreement), "prompt": [1, 17, 5, 9, 4, 20, 2, 5, 1, 18, 5]}}
+    probe = {
+        "class_path": "probes.GreedyAgreement",
+        "init_args": {"path": str(agreement), "prompt": [1, 17, 5, 9, 4, 20, 2, 5, 1, 18, 5]},
+    }
     path = quick_config(tmp_path, quickstart_model_dir, steps=3, callbacks=[probe], n_samples=8)
     config = yaml.safe_load(path.read_text())
     rollout = config["trainer"]["callbacks"][0]["init_args"]
@@ -30,6 +33,6 @@ def test_fit_with_the_sglang_engine_syncs_weights_each_step(tmp_path, quickstart
     rows = [r for r in read_csv(next((tmp_path / "logs").rglob("metrics.csv"))) if r.get("rollout/reward_mean")]
     assert len(rows) == 3 and all(float(r["rollout/failed"]) == 0 for r in rows)
     assert all(float(r["rollout/response_length_mean"]) > 0 for r in rows)
-    records = [json.loads(line) for line in open(agreement)]
+    records = [json.loads(line) for line in Path(agreement).read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["engine"] == r["policy"] for r in records), records
