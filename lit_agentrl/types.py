@@ -61,7 +61,8 @@ class RolloutStats:
     tool_calls_mean: float = 0.0
     seconds: float = 0.0
     reward_seconds: float = 0.0
-    """Time spent in reward functions (they run on the event loop, one after another)."""
+    """Time spent in reward functions: each call's own run time in the rollout manager's reward threads (not its
+    wait for a thread), summed over calls; calls overlap, so it can exceed ``seconds``, the rollout's wall time."""
     generated_tokens: int = 0
     template_drift: int = 0
     """Token positions, summed over trajectories, where accumulated ids differ from the re-rendered template."""
