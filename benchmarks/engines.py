@@ -45,7 +45,7 @@ def single_turn(engine, prompts: list[list[int]], new_tokens: int) -> tuple[floa
             *(engine.async_generate(input_ids=p, sampling_params=params, return_logprob=True) for p in prompts)
         )
 
-    loop = getattr(engine, "loop", None) or asyncio.new_event_loop()
+    loop = engine.loop or asyncio.new_event_loop()
     start = time.perf_counter()
     results = loop.run_until_complete(all_requests())
     return time.perf_counter() - start, sum(len(r["output_ids"]) for r in results)

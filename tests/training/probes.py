@@ -111,7 +111,7 @@ class GreedyAgreement(Callback):
         engine = rollout.engines[0]
         params = {"temperature": 0.0, "max_new_tokens": self.new_tokens, "ignore_eos": True}
         request = engine.async_generate(input_ids=self.prompt, sampling_params=params)
-        loop = getattr(engine, "loop", None)
+        loop = engine.loop
         result = (
             loop.run_until_complete(request)
             if loop is not None
