@@ -17,6 +17,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.core.optimizer import LightningOptimizer
+from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -150,6 +151,7 @@ class GRPOModule(L.LightningModule):
         if self.objective.needs_reference:
             self.reference = self._load(self.model_path).requires_grad_(False).eval()
         if self.device_mesh is not None:
+            _check_mesh(self.device_mesh)
             for module in (self.model, self.reference):
                 if module is not None:
                     _fully_shard(module, self.device_mesh["data_parallel"], self.update.param_dtype)
@@ -229,9 +231,10 @@ class GRPOModule(L.LightningModule):
         """Forward and backward over the micro-batches of one mini-batch; returns its statistics.
 
         The gradients add up to those of one forward over the whole mini-batch (the loss is scaled by the
-        mini-batch's counts). Needs no Trainer: ``backward`` is ``manual_backward`` inside a fit.
+        mini-batch's counts over every data-parallel rank). Needs no Trainer: ``backward`` is ``manual_backward``
+        inside a fit.
         """
-        scale = loss_scale(samples)
+        scale = self._data_parallel_scale(samples)
         plans = plan_micro_batches(samples, self.update.micro_batch_tokens, self.update.sequence_packing)
         sums: dict[str, float] = {"time/forward_s": 0.0, "time/backward_s": 0.0}
         # Every rank must run as many forward/backward passes as the busiest one (FSDP collectives).
@@ -283,8 +286,26 @@ class GRPOModule(L.LightningModule):
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
+    def _data_parallel_scale(self, samples: list[TrainingSample]) -> LossScale:
+        """The loss scale that makes the update the same on 1 or N data-parallel ranks.
+
+        FSDP averages the ranks' gradients, so each rank divides its loss by the global batch's token (or
+        sequence) count over the number of ranks: the average is then the global batch's loss, however unequally
+        the ranks' shares are sized. One process: the mini-batch's own counts.
+        """
+        mesh = self.device_mesh
+        if mesh is None or not dist.is_initialized():
+            return loss_scale(samples)
+        group = mesh["data_parallel"].get_group()
+        ranks = dist.get_world_size(group)
+        counts = torch.tensor([sum(sum(s.loss_mask) for s in samples), len(samples)], dtype=torch.float64)
+        counts = counts.to(self.device)
+        dist.all_reduce(counts, group=group)
+        tokens, sequences = (max(float(c), 1.0) / ranks for c in counts.tolist())
+        return LossScale(tokens=tokens, sequences=sequences)
+
     def _max_across_ranks(self, value: int) -> int:
-        if self._trainer is None or self.trainer.world_size == 1 or not dist.is_initialized():
+        if not dist.is_initialized() or dist.get_world_size() == 1:
             return value
         tensor = torch.tensor([value], device=self.device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
@@ -343,6 +364,18 @@ def check_packing_support(model: torch.nn.Module) -> None:
         raise ValueError(
             f"{type(model).__name__} lets packed sequences attend to each other (it ignores restarting position ids); "
             "set model.sequence_packing: false"
+        )
+
+
+def _check_mesh(mesh: DeviceMesh) -> None:
+    """Only data parallelism is implemented: a tensor-parallel dimension would train divergent replicas."""
+    names = mesh.mesh_dim_names or ()
+    tensor_parallel = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
+    if tensor_parallel > 1:
+        raise ValueError(
+            f"trainer.strategy.tensor_parallel_size={tensor_parallel} is not supported: GRPOModule shards the policy "
+            "over data parallelism only (FSDP2). Set tensor_parallel_size: 1 and data_parallel_size to the number "
+            "of processes."
         )
 
 

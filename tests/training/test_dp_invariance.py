@@ -1,0 +1,96 @@
+"""The same global batch gives the same update on 1 and on 2 FSDP2 processes, for every loss aggregation, with
+ranks holding unequal shares (tokens and sequences); a tensor-parallel mesh is refused rather than trained wrong.
+
+The two processes run ``GRPOModule.accumulate_gradients`` under gloo with a real FSDP2-sharded policy; the full
+gradients (gathered from the shards) must equal one process's over all the samples.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+
+from lit_agentrl.batching import TrainingSample
+from lit_agentrl.losses import AGGREGATIONS
+from lit_agentrl.module import GRPOModule
+
+pytestmark = pytest.mark.slow  # starts two processes
+
+RANK_SHARES = ((5, 7, 3, 9), (31, 40))
+"""Sample lengths per rank: 24 tokens in 4 sequences against 71 in 2 (and 1 micro-batch against 2 at 64 tokens)."""
+BUDGET = 64
+
+
+def make_samples(vocab: int) -> list[TrainingSample]:
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for length in (n for share in RANK_SHARES for n in share):
+        ids = torch.randint(3, vocab, (length + 1,), generator=g).tolist()
+        mask = [0] * (length // 3) + [1] * (length - length // 3)
+        old = (-torch.rand(length, generator=g)).tolist()
+        samples.append(TrainingSample(ids[:-1], ids[1:], mask, old, float(torch.randn(1, generator=g))))
+    return samples
+
+
+def gradients(module: GRPOModule, samples: list[TrainingSample]) -> dict[str, torch.Tensor]:
+    module.policy.zero_grad(set_to_none=True)
+    module.accumulate_gradients(samples)
+    grads = {}
+    for name, param in module.policy.named_parameters():
+        assert param.grad is not None, name
+        grad = param.grad
+        grads[name] = grad.full_tensor() if hasattr(grad, "full_tensor") else grad.clone()
+    return grads
+
+
+def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
+        results: dict[str, object] = {}
+        for aggregation in AGGREGATIONS:
+            module = GRPOModule(model_dir, loss_aggregation=aggregation, micro_batch_tokens=BUDGET)
+            module._device_mesh = mesh  # what ModelParallelStrategy sets before configure_model
+            module.configure_model()
+            samples = make_samples(module.policy.config.vocab_size)
+            share = samples[: len(RANK_SHARES[0])] if rank == 0 else samples[len(RANK_SHARES[0]) :]
+            results[aggregation] = gradients(module, share)
+        tp_mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        module = GRPOModule(model_dir)
+        module._device_mesh = tp_mesh
+        try:
+            module.configure_model()
+            results["tensor_parallel"] = "accepted"
+        except ValueError as exc:
+            results["tensor_parallel"] = str(exc)
+        if rank == 0:
+            torch.save(results, Path(out_dir) / "two_process.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_one_and_two_processes_give_the_same_gradients(tiny_model_dir, tmp_path):
+    mp.spawn(worker, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    two = torch.load(tmp_path / "two_process.pt")
+    assert "tensor_parallel_size=2 is not supported" in str(two["tensor_parallel"])
+    for aggregation in AGGREGATIONS:
+        module = GRPOModule(str(tiny_model_dir), loss_aggregation=aggregation, micro_batch_tokens=BUDGET)
+        module.configure_model()
+        one = gradients(module, make_samples(module.policy.config.vocab_size))
+        assert one.keys() == two[aggregation].keys()
+        for name, grad in one.items():
+            torch.testing.assert_close(two[aggregation][name], grad, atol=1e-6, rtol=1e-4, msg=f"{aggregation}: {name}")
