@@ -169,7 +169,9 @@ class PromptBatchLoader:
 
     Every rank draws the same permutation and takes its slice of each global batch, so ranks never
     overlap. Lightning saves ``state_dict()`` in checkpoints (the loader is ``_Stateful``); the position
-    advances only when a batch is consumed (:meth:`mark_consumed`), not when it is prefetched.
+    advances only when a batch is consumed (:meth:`mark_consumed`), not when it is prefetched. Training drops
+    an epoch's last partial batch (every step has the same size); with ``whole_epoch`` (validation) the last
+    batch holds the remaining rows, split across the ranks as evenly as they go, so every row is seen.
     """
 
     def __init__(
@@ -181,23 +183,32 @@ class PromptBatchLoader:
         rank: int,
         world_size: int,
         split: str,
+        whole_epoch: bool = False,
     ) -> None:
         self.rows, self.prompts_per_step, self.seed, self.shuffle = rows, prompts_per_step, seed, shuffle
-        self.rank, self.world_size, self.split = rank, world_size, split
+        self.rank, self.world_size, self.split, self.whole_epoch = rank, world_size, split, whole_epoch
         self.epoch, self.consumed = 0, 0
 
     def __len__(self) -> int:
-        return len(self.rows) // self.prompts_per_step
+        whole, remainder = divmod(len(self.rows), self.prompts_per_step)
+        return whole + int(self.whole_epoch and remainder > 0)
 
     def __iter__(self) -> Iterator[PromptBatch]:
         if self.consumed >= len(self):
             self.epoch, self.consumed = self.epoch + 1, 0
         order = self._order(self.epoch)
-        per_rank = self.prompts_per_step // self.world_size
         for index in range(self.consumed, len(self)):
-            start = index * self.prompts_per_step + self.rank * per_rank
-            rows = [self.rows[i] for i in order[start : start + per_rank]]
+            start, end = self._rank_slice(index)
+            rows = [self.rows[i] for i in order[start:end]]
             yield PromptBatch(rows=rows, epoch=self.epoch, index=index, split=self.split)
+
+    def _rank_slice(self, index: int) -> tuple[int, int]:
+        """This rank's positions in the epoch's order for batch ``index`` (the last one may be partial)."""
+        first = index * self.prompts_per_step
+        size = min(self.prompts_per_step, len(self.rows) - first)
+        per_rank, extra = divmod(size, self.world_size)
+        start = first + self.rank * per_rank + min(self.rank, extra)
+        return start, start + per_rank + int(self.rank < extra)
 
     def _order(self, epoch: int) -> list[int]:
         if not self.shuffle:
@@ -302,10 +313,9 @@ class AgentPromptDataModule(L.LightningDataModule):
             )
         if self.val_files and self._val_loader is None and stage in ("fit", "validate"):
             rows = self._limit_prompt_length(load_and_validate(self.val_files, self.reward_fn), self.val_files)
-            size = min(self.val_prompts_per_step, len(rows) - len(rows) % world)
-            if size < world:
-                raise ValueError(f"{self.val_files}: {len(rows)} rows cannot be split across {world} processes")
-            self._val_loader = PromptBatchLoader(rows, size, self.seed, False, rank, world, "val")
+            self._val_loader = PromptBatchLoader(
+                rows, self.val_prompts_per_step, self.seed, False, rank, world, "val", whole_epoch=True
+            )
 
     def _limit_prompt_length(self, rows: list[dict[str, Any]], files: list[str]) -> list[dict[str, Any]]:
         """Refuse or drop rows whose templated prompt exceeds ``max_prompt_length`` tokens."""

@@ -141,6 +141,17 @@ def test_ranks_get_disjoint_shares_of_each_step_and_cover_the_epoch():
     assert sorted(seen) == list(range(20))
 
 
+def test_validation_covers_every_row_with_a_partial_last_batch():
+    rows = [{"id": i} for i in range(23)]  # 2 full batches of 8 and 7 left over, across 3 ranks
+    per_rank = [list(PromptBatchLoader(rows, 8, 0, False, rank, 3, "val", whole_epoch=True)) for rank in range(3)]
+    assert [len(p) for p in per_rank] == [3, 3, 3]  # every rank runs every batch (collectives stay in step)
+    assert [len(b.rows) for b in (p[2] for p in per_rank)] == [3, 2, 2]
+    seen = [r["id"] for p in per_rank for b in p for r in b.rows]
+    assert sorted(seen) == list(range(23))
+    (train,) = loaders(rows, world=1, per_step=8)
+    assert len(train) == 2  # training keeps equal steps: the remainder waits for the next epoch's shuffle
+
+
 def test_epochs_reshuffle_with_the_seed():
     rows = [{"id": i} for i in range(12)]
     (loader,) = loaders(rows, world=1, per_step=4)
