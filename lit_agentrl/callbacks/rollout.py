@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 
 from lit_agentrl.agents.registry import import_modules
 from lit_agentrl.engines import RolloutEngine, SamplingParams, build_engines
+from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.metrics import RolloutMetrics
 from lit_agentrl.module import GRPOModule
@@ -113,7 +114,10 @@ class RolloutCallback(Callback):
             raise ValueError(f"the tokenizer at {model_path!r} has no chat template; agents need one to build prompts")
         self._base_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         import_modules(self.engine_modules, kind="engine")
-        self.engines = build_engines(self.engine_name, model_path, seed=self._base_seed, **self.engine_kwargs)
+        placement = engine_placement(trainer)  # engines on this rank's GPUs place themselves by it
+        self.engines = build_engines(
+            self.engine_name, model_path, seed=self._base_seed, placement=placement, **self.engine_kwargs
+        )
         self.manager = RolloutManager(
             self.engines,
             tokenizer,
@@ -255,6 +259,14 @@ class RolloutCallback(Callback):
         rank_zero_info(
             "RolloutCallback: the engines will be re-synced with the restored policy before the first rollout"
         )
+
+
+def engine_placement(trainer: L.Trainer) -> EnginePlacement:
+    """This rank's place for its engines: Lightning's ranks, and the ranks per node (``LOCAL_WORLD_SIZE`` where the
+    launcher sets it, as torchrun does; else the trainer's devices per node).
+    """
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE") or trainer.num_devices)
+    return EnginePlacement(trainer.global_rank, trainer.local_rank, local_world_size, trainer.world_size)
 
 
 def load_tokenizer(model_path: str) -> Any:

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from lit_agentrl.engines.placement import EnginePlacement
+
 GenerateResult = dict[str, Any]
 
 
@@ -48,10 +50,15 @@ class RolloutEngine(abc.ABC):
     """Model compute so far, for the step-time breakdown; None where the engine cannot count it (SGLang)."""
 
     @classmethod
-    def build(cls, model_path: str, seed: int = 0, **kwargs: Any) -> list[RolloutEngine]:
+    def build(
+        cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
+    ) -> list[RolloutEngine]:
         """The engines one config entry asks for; by default one, ``cls(model_path, seed=seed, **kwargs)``.
 
-        Override it when a config describes several engines (``sglang_http``: one client per server URL).
+        Override it when a config describes several engines (``sglang_http``: one client per server URL), or
+        when the engine places itself on this rank's devices: ``placement`` says where this rank is (its local
+        rank, the ranks per node; None outside a trainer). The default ignores it, as engines that run where
+        their ``engine_kwargs`` say (on CPU, or remote servers) should.
         """
         engine_class: Any = cls  # subclasses define the constructor; the base has none to check against
         return [engine_class(model_path, seed=seed, **kwargs)]

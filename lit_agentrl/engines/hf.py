@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from lit_agentrl.dtypes import torch_dtype
 from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors
+from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.prefix_cache import CachedPrefix, PrefixCache
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.running_batch import RunningBatch, growing_cache, kv_layers, stack_prefixes
@@ -61,7 +62,8 @@ class TransformersEngine(RolloutEngine):
 
     Args:
         model_path: local directory of a ``save_pretrained`` model.
-        device: torch device for the engine's own copy of the weights.
+        device: torch device for the engine's own copy of the weights. Built by a trainer (:meth:`build`),
+            ``cuda`` without an index means the rank's own GPU, ``cuda:<local rank>``.
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         max_running_requests: most sequences decoded together; more wait in the queue.
         seed: with the request's submission order, it seeds the request's own sampling stream (SGLang's
@@ -80,6 +82,16 @@ class TransformersEngine(RolloutEngine):
         out = await engine.async_generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 8},
                                           return_logprob=True)
     """
+
+    @classmethod
+    def build(
+        cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
+    ) -> list[RolloutEngine]:
+        """One engine; ``device: cuda`` (no index) becomes the rank's own GPU, ``cuda:<local rank>``."""
+        device = kwargs.get("device")
+        if placement is not None and device is not None and torch.device(device) == torch.device("cuda"):
+            kwargs["device"] = f"cuda:{placement.local_rank}"
+        return [cls(model_path, seed=seed, **kwargs)]
 
     def __init__(
         self,

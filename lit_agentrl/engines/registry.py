@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from lit_agentrl.engines.base import RolloutEngine
+from lit_agentrl.engines.placement import EnginePlacement
 
 log = logging.getLogger(__name__)
 _REGISTRY: dict[str, type[RolloutEngine]] = {}
@@ -80,10 +81,14 @@ def get_engine_class(name: str) -> type[RolloutEngine]:
         ) from None
 
 
-def build_engines(name: str, model_path: str, seed: int = 0, **kwargs: Any) -> list[RolloutEngine]:
+def build_engines(
+    name: str, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
+) -> list[RolloutEngine]:
     """The engines called ``name`` over the model at ``model_path``, built by the class's :meth:`~RolloutEngine.build`.
 
     ``kwargs`` (the config's ``engine_kwargs``) go to the constructor: ``transformers`` and ``sglang`` give one
     in-process engine; ``sglang_http`` gives one client per entry of ``urls`` (balanced by the rollout manager).
+    ``placement`` is this rank's place on its node (``RolloutCallback`` passes it): engines on the rank's GPUs
+    use it (``sglang``: ``base_gpu_id``; ``transformers`` on ``cuda``: ``cuda:<local rank>``), others ignore it.
     """
-    return get_engine_class(name).build(model_path, seed=seed, **kwargs)
+    return get_engine_class(name).build(model_path, seed=seed, placement=placement, **kwargs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import base64
+import logging
 import pickle
 from collections.abc import Iterable
 from typing import Any
@@ -17,8 +18,11 @@ from typing import Any
 import torch
 
 from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors, expected_weight_shapes
+from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 def _import_sglang() -> Any:
@@ -105,12 +109,22 @@ class SGLangEngine(_SGLangBase):
         flattened_bucket: send each weight bucket as one flattened tensor (fewer IPC handles).
         **server_args: any other ``ServerArgs`` field, passed through (``device``, ``max_total_tokens``, ...).
 
+    Built by a trainer (:meth:`build` with a placement), the engine runs on its rank's GPU: ``base_gpu_id``
+    is the rank's local rank unless ``engine_kwargs`` set it (see :func:`placed_server_args`).
+
     ``loop`` is SGLang's own event loop: the rollout manager runs its agents on it, since SGLang's
     tokenizer manager serves every request and control call from one loop. ``busy_seconds`` is None (SGLang
     does not report its compute) and :meth:`reseed` does nothing (samples follow ``seed``, set once).
     """
 
     shared = False  # one engine per rank
+
+    @classmethod
+    def build(
+        cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
+    ) -> list[RolloutEngine]:
+        """One engine, placed on this rank's GPUs by :func:`placed_server_args`."""
+        return [cls(model_path, seed=seed, **placed_server_args(kwargs, placement))]
 
     def __init__(
         self,
@@ -125,9 +139,8 @@ class SGLangEngine(_SGLangBase):
         log_level: str = "warning",
         **server_args: Any,
     ) -> None:
-        sglang = _import_sglang()
         optional = {"mem_fraction_static": mem_fraction_static, "attention_backend": attention_backend}
-        self._engine = sglang.Engine(
+        self._engine = self._launch(
             model_path=model_path,
             skip_tokenizer_init=True,
             random_seed=seed,
@@ -142,6 +155,10 @@ class SGLangEngine(_SGLangBase):
         self.tp_size = tp_size
         self.flattened_bucket = flattened_bucket
         self._shapes = expected_weight_shapes(model_path)
+
+    def _launch(self, **server_args: Any) -> Any:
+        """Start SGLang's ``Engine`` from ``ServerArgs`` fields (tests override it to record them)."""
+        return _import_sglang().Engine(**server_args)
 
     async def async_generate(
         self,
@@ -216,8 +233,12 @@ class SGLangHTTPEngine(_SGLangBase):
     shared = True
 
     @classmethod
-    def build(cls, model_path: str, seed: int = 0, **kwargs: Any) -> list[RolloutEngine]:
-        """One client per server in ``engine_kwargs.urls``; ``seed`` is unused (the servers have their own)."""
+    def build(
+        cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
+    ) -> list[RolloutEngine]:
+        """One client per server in ``engine_kwargs.urls``; ``seed`` and ``placement`` are unused (the servers
+        have their own seeds and GPUs).
+        """
         urls = kwargs.pop("urls", None)
         if not urls:
             raise ValueError("engine 'sglang_http' needs engine_kwargs.urls: a list of SGLang server URLs")
@@ -304,6 +325,50 @@ class SGLangHTTPEngine(_SGLangBase):
         """Close the connections; the server is not ours to stop."""
         self._sync.close()
         self._async.clear()
+
+
+def placed_server_args(engine_kwargs: dict[str, Any], placement: EnginePlacement | None) -> dict[str, Any]:
+    """``engine_kwargs`` for an in-process engine of the rank at ``placement``: on its own GPU.
+
+    On an accelerator (``device`` unset with CUDA available, or any device but ``cpu``/``mps``) the engine gets
+    ``base_gpu_id`` = the rank's local rank, where SGLang would put every rank's engine on GPU 0; a
+    ``base_gpu_id`` in ``engine_kwargs`` is kept (and logged). ``tp_size`` > 1 is refused when the node has more
+    than one rank: their engines would overlap GPUs, and ranks sharing one engine (the group's first rank
+    starting it, the others reaching it over HTTP) is not implemented yet. Without a placement (an engine
+    built outside a trainer) ``engine_kwargs`` are returned unchanged.
+    """
+    kwargs = dict(engine_kwargs)
+    if placement is None:
+        return kwargs
+    tp_size = int(kwargs.get("tp_size", 1))
+    if tp_size > 1 and placement.local_world_size > 1:
+        raise ValueError(
+            f"engine 'sglang' with engine_kwargs.tp_size={tp_size} and {placement.local_world_size} ranks per node: "
+            f"each rank's engine would take {tp_size} GPUs from the rank's own and overlap its neighbours' engines, "
+            f"and {tp_size} ranks sharing one engine is not supported yet. Supported: tp_size 1 (one engine per "
+            "rank, on the rank's own GPU), tp_size > 1 with a single rank per node, or engine 'sglang_http' with "
+            "SGLang servers you start yourself (engine_kwargs.urls)"
+        )
+    plan = placement.with_tp_size(tp_size)
+    if not _on_accelerator(kwargs.get("device")):
+        return kwargs
+    if "base_gpu_id" in kwargs:
+        log.info(
+            "engine 'sglang' on rank %d: engine_kwargs.base_gpu_id=%s is kept (the placement would be GPU %d)",
+            plan.global_rank,
+            kwargs["base_gpu_id"],
+            plan.base_gpu_id,
+        )
+        return kwargs
+    kwargs["base_gpu_id"] = plan.base_gpu_id
+    return kwargs
+
+
+def _on_accelerator(device: Any) -> bool:
+    """Whether SGLang will run on a numbered accelerator: ``device`` as configured (None: SGLang detects it)."""
+    if device is None:
+        return torch.cuda.is_available()
+    return str(device).split(":", 1)[0] not in ("cpu", "mps")
 
 
 def _as_pair(result: Any) -> tuple[bool, str]:

@@ -135,7 +135,9 @@ def test_importing_the_engines_or_naming_sglang_does_not_import_sglang():
 
 
 def fake_run(model_dir: Path) -> tuple[Any, Any]:
-    trainer = SimpleNamespace(datamodule=SimpleNamespace(reward_fn=None))
+    trainer = SimpleNamespace(
+        global_rank=0, local_rank=0, num_devices=1, world_size=1, datamodule=SimpleNamespace(reward_fn=None)
+    )
     pl_module = GRPOModule(str(model_dir))  # setup reads its settings only; the model is not loaded
     return trainer, pl_module
 

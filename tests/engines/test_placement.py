@@ -1,0 +1,270 @@
+"""Engine placement: which rank starts which engine on which GPUs, and how a trainer's ranks reach the engines.
+
+The arithmetic is pure; the wiring is checked with engines that record what they would launch (SGLang's
+``ServerArgs``, the transformers engine's ``device``), so no GPU and no SGLang are needed.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import lightning as L
+import pytest
+
+from lit_agentrl.callbacks import RolloutCallback
+from lit_agentrl.callbacks.rollout import engine_placement
+from lit_agentrl.engines import build_engines, register_engine
+from lit_agentrl.engines.hf import TransformersEngine
+from lit_agentrl.engines.placement import EnginePlacement
+from lit_agentrl.engines.sglang import SGLangEngine, SGLangHTTPEngine
+from lit_agentrl.module import GRPOModule
+
+
+def node(tp_size: int, local_world_size: int = 8, nodes: int = 1) -> list[EnginePlacement]:
+    """Every rank's placement, in global-rank order (Lightning's layout: node by node)."""
+    world = local_world_size * nodes
+    return [EnginePlacement(g, g % local_world_size, local_world_size, world, tp_size) for g in range(world)]
+
+
+def engines_of(plans: list[EnginePlacement]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """(node, base_gpu_id, GPUs) of every engine started, in order."""
+    return [(p.node_rank, p.base_gpu_id, p.gpu_ids) for p in plans if p.starts_engine]
+
+
+# ---------------------------------------------------------------------- the arithmetic
+
+
+def test_tp1_one_engine_per_rank_on_its_own_gpu():
+    plans = node(tp_size=1)
+    assert engines_of(plans) == [(0, r, (r,)) for r in range(8)]
+    assert [p.group for p in plans] == [(r,) for r in range(8)]
+    assert [p.engine_index for p in plans] == list(range(8))
+    assert all(p.starts_engine and p.pushes_weights for p in plans)
+    assert {p.num_engines for p in plans} == {8}
+
+
+def test_tp2_pairs_of_ranks_share_an_engine_started_and_fed_by_the_first():
+    plans = node(tp_size=2)
+    assert engines_of(plans) == [(0, 0, (0, 1)), (0, 2, (2, 3)), (0, 4, (4, 5)), (0, 6, (6, 7))]
+    assert [p.group for p in plans] == [(0, 1), (0, 1), (2, 3), (2, 3), (4, 5), (4, 5), (6, 7), (6, 7)]
+    assert [p.base_gpu_id for p in plans] == [0, 0, 2, 2, 4, 4, 6, 6]
+    assert [p.engine_index for p in plans] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [p.global_rank for p in plans if p.pushes_weights] == [0, 2, 4, 6]
+    assert {p.num_engines for p in plans} == {4}
+
+
+def test_tp4_two_engines_per_node():
+    plans = node(tp_size=4)
+    assert engines_of(plans) == [(0, 0, (0, 1, 2, 3)), (0, 4, (4, 5, 6, 7))]
+    assert [p.engine_index for p in plans] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [p.global_rank for p in plans if p.pushes_weights] == [0, 4]
+    assert all(p.group == ((0, 1, 2, 3) if p.local_rank < 4 else (4, 5, 6, 7)) for p in plans)
+
+
+def test_two_nodes_of_8_with_tp2_number_engines_node_by_node():
+    plans = node(tp_size=2, nodes=2)
+    assert engines_of(plans) == [(n, g, (g, g + 1)) for n in (0, 1) for g in (0, 2, 4, 6)]
+    assert [p.engine_index for p in plans] == [i // 2 for i in range(16)]
+    assert [p.global_rank for p in plans if p.pushes_weights] == [0, 2, 4, 6, 8, 10, 12, 14]
+    second = plans[11]  # node 1, local rank 3: shares the engine that local rank 2 (global 10) starts on GPUs 2-3
+    assert (second.node_rank, second.group, second.base_gpu_id, second.starts_engine) == (1, (2, 3), 2, False)
+    assert {p.num_engines for p in plans} == {8}
+
+
+@pytest.mark.parametrize("tp_size", [1, 2, 4, 8])
+def test_the_engines_of_a_node_use_each_gpu_exactly_once(tp_size):
+    used = [gpu for _, _, gpus in engines_of(node(tp_size)) for gpu in gpus]
+    assert sorted(used) == list(range(8))
+
+
+def test_a_rank_alone_on_its_node_runs_a_tp_engine_from_its_own_gpu():
+    plan = EnginePlacement(0, 0, 1, 1, tp_size=4)
+    assert (plan.group, plan.starts_engine, plan.base_gpu_id, plan.gpu_ids) == ((0,), True, 0, (0, 1, 2, 3))
+    assert (plan.engine_index, plan.num_engines, plan.pushes_weights) == (0, 1, True)
+    other_node = EnginePlacement(1, 0, 1, 2, tp_size=2)  # 2 nodes of 1 rank: an engine per node
+    assert (other_node.engine_index, other_node.num_engines, other_node.base_gpu_id) == (1, 2, 0)
+
+
+def test_tp_size_must_divide_the_ranks_of_a_node():
+    with pytest.raises(ValueError, match=r"engine_kwargs\.tp_size=3 does not divide the 8 ranks per node"):
+        EnginePlacement(0, 0, 8, 8, tp_size=3)
+    with pytest.raises(ValueError, match=r"engine_kwargs\.tp_size=16 does not divide the 8 ranks per node"):
+        EnginePlacement(0, 0, 8, 8).with_tp_size(16)
+    with pytest.raises(ValueError, match=r"engine_kwargs\.tp_size must be >= 1, got 0"):
+        EnginePlacement(0, 0, 8, 8, tp_size=0)
+
+
+def test_ranks_out_of_range_are_refused():
+    with pytest.raises(ValueError, match="local rank 8 of 8 ranks per node"):
+        EnginePlacement(8, 8, 8, 16)
+    with pytest.raises(ValueError, match="global rank 8 of 8"):
+        EnginePlacement(8, 0, 8, 8)
+    with pytest.raises(ValueError, match="8 ranks per node and 4 ranks in all"):
+        EnginePlacement(0, 0, 8, 4)
+
+
+def test_placement_is_a_frozen_value():
+    plan = EnginePlacement(3, 3, 8, 8)
+    assert plan.with_tp_size(2) == EnginePlacement(3, 3, 8, 8, tp_size=2) and plan.tp_size == 1
+    with pytest.raises(AttributeError):
+        plan.tp_size = 2  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------- what the engines are given
+
+LAUNCHED: list[dict[str, Any]] = []
+TRANSFORMERS_BUILT: list[dict[str, Any]] = []
+
+
+@register_engine("recording_sglang_for_placement_tests")
+class RecordingSGLangEngine(SGLangEngine):
+    """The in-process SGLang engine, recording the ``ServerArgs`` it would launch instead of launching SGLang."""
+
+    def _launch(self, **server_args: Any) -> Any:
+        LAUNCHED.append(server_args)
+        return SimpleNamespace(loop=None, shutdown=lambda: None)
+
+
+class RecordingTransformersEngine(TransformersEngine):
+    """The transformers engine's ``build``, recording the constructor's arguments instead of loading a model."""
+
+    def __init__(self, model_path: str, seed: int = 0, **kwargs: Any) -> None:
+        TRANSFORMERS_BUILT.append(kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _clear_records(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    LAUNCHED.clear(), TRANSFORMERS_BUILT.clear()
+
+
+def launch(tiny_model_dir: Path, placement: EnginePlacement | None, **engine_kwargs: Any) -> dict[str, Any]:
+    LAUNCHED.clear()
+    build_engines("recording_sglang_for_placement_tests", str(tiny_model_dir), placement=placement, **engine_kwargs)
+    (server_args,) = LAUNCHED
+    return server_args
+
+
+def test_sglang_on_cuda_starts_each_ranks_engine_on_the_ranks_gpu(tiny_model_dir):
+    gpus = [launch(tiny_model_dir, plan, device="cuda")["base_gpu_id"] for plan in node(tp_size=1)]
+    assert gpus == list(range(8))
+    server_args = launch(tiny_model_dir, EnginePlacement(3, 3, 8, 8), device="cuda", mem_fraction_static=0.5)
+    assert {k: server_args[k] for k in ("base_gpu_id", "tp_size", "device", "mem_fraction_static")} == {
+        "base_gpu_id": 3,
+        "tp_size": 1,
+        "device": "cuda",
+        "mem_fraction_static": 0.5,
+    }
+
+
+def test_sglang_places_itself_when_it_will_detect_cuda(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert launch(tiny_model_dir, EnginePlacement(5, 5, 8, 8))["base_gpu_id"] == 5
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert "base_gpu_id" not in launch(tiny_model_dir, EnginePlacement(5, 5, 8, 8))
+
+
+def test_sglang_on_cpu_or_outside_a_trainer_is_not_placed(tiny_model_dir):
+    assert "base_gpu_id" not in launch(tiny_model_dir, EnginePlacement(3, 3, 8, 8), device="cpu")
+    assert "base_gpu_id" not in launch(tiny_model_dir, None, device="cuda")
+
+
+def test_an_explicit_base_gpu_id_is_kept_and_logged(tiny_model_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="lit_agentrl.engines.sglang"):
+        server_args = launch(tiny_model_dir, EnginePlacement(3, 3, 8, 8), device="cuda", base_gpu_id=6)
+    assert server_args["base_gpu_id"] == 6
+    assert "engine_kwargs.base_gpu_id=6 is kept (the placement would be GPU 3)" in caplog.text
+
+
+def test_sglang_tp_above_1_is_refused_for_several_ranks_per_node(tiny_model_dir):
+    for tp_size in (2, 3):
+        with pytest.raises(ValueError, match=rf"engine_kwargs\.tp_size={tp_size} and 8 ranks per node") as excinfo:
+            launch(tiny_model_dir, EnginePlacement(3, 3, 8, 8), device="cuda", tp_size=tp_size)
+        assert "tp_size 1 (one engine per rank" in str(excinfo.value) and "'sglang_http'" in str(excinfo.value)
+    assert LAUNCHED == []
+
+
+def test_sglang_tp_above_1_on_a_single_rank_starts_from_its_gpu(tiny_model_dir):
+    server_args = launch(tiny_model_dir, EnginePlacement(0, 0, 1, 1), device="cuda", tp_size=2)
+    assert (server_args["base_gpu_id"], server_args["tp_size"]) == (0, 2)
+
+
+def test_sglang_http_ignores_the_placement(tiny_model_dir):
+    engines = build_engines(
+        "sglang_http", str(tiny_model_dir), placement=EnginePlacement(3, 3, 8, 8), urls=["http://a:1"], tp_size=4
+    )
+    assert [(type(e), e.url, e.tp_size) for e in engines] == [(SGLangHTTPEngine, "http://a:1", 4)]
+    engines[0].shutdown()
+
+
+@pytest.mark.parametrize(
+    ("device", "placement", "expected"),
+    [
+        ("cuda", EnginePlacement(3, 3, 8, 8), "cuda:3"),
+        ("cuda", None, "cuda"),
+        ("cuda:1", EnginePlacement(3, 3, 8, 8), "cuda:1"),
+        ("cpu", EnginePlacement(3, 3, 8, 8), "cpu"),
+    ],
+)
+def test_transformers_engine_on_cuda_takes_the_ranks_gpu(device, placement, expected):
+    RecordingTransformersEngine.build("unused", placement=placement, device=device)
+    (kwargs,) = TRANSFORMERS_BUILT
+    assert kwargs == {"device": expected}
+
+
+def test_transformers_engine_without_a_device_keeps_its_default():
+    RecordingTransformersEngine.build("unused", placement=EnginePlacement(3, 3, 8, 8), dtype="float32")
+    (kwargs,) = TRANSFORMERS_BUILT
+    assert kwargs == {"dtype": "float32"}
+
+
+# ---------------------------------------------------------------------- the callback
+
+
+def fake_trainer(global_rank: int = 3, local_rank: int = 3, num_devices: int = 8, world_size: int = 8) -> Any:
+    return SimpleNamespace(
+        global_rank=global_rank,
+        local_rank=local_rank,
+        num_devices=num_devices,
+        world_size=world_size,
+        datamodule=SimpleNamespace(reward_fn=None),
+    )
+
+
+def test_callback_builds_the_ranks_engine_on_its_gpu(quickstart_model_dir):
+    callback = RolloutCallback(
+        engine="recording_sglang_for_placement_tests",
+        engine_kwargs={"device": "cuda", "mem_fraction_static": 0.5},
+        engine_modules=[__name__],
+    )
+    trainer, pl_module = fake_trainer(), GRPOModule(str(quickstart_model_dir))
+    callback.setup(trainer, pl_module, "fit")
+    try:
+        (server_args,) = LAUNCHED
+        assert (server_args["base_gpu_id"], server_args["tp_size"], server_args["device"]) == (3, 1, "cuda")
+        assert server_args["model_path"] == str(quickstart_model_dir) and server_args["mem_fraction_static"] == 0.5
+    finally:
+        callback.teardown(trainer, pl_module, "fit")
+
+
+def test_callback_refuses_a_shared_tp_engine_at_setup(quickstart_model_dir):
+    callback = RolloutCallback(
+        engine="recording_sglang_for_placement_tests", engine_kwargs={"device": "cuda", "tp_size": 2}
+    )
+    with pytest.raises(ValueError, match=r"tp_size=2 and 8 ranks per node.*not supported yet"):
+        callback.setup(fake_trainer(), GRPOModule(str(quickstart_model_dir)), "fit")
+    assert LAUNCHED == [] and callback.engines == []
+
+
+def test_ranks_per_node_come_from_local_world_size_else_the_trainers_devices(monkeypatch):
+    assert engine_placement(fake_trainer()) == EnginePlacement(3, 3, 8, 8)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert engine_placement(fake_trainer(global_rank=7, world_size=8)) == EnginePlacement(7, 3, 4, 8)
+
+
+def test_a_real_trainers_placement():
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    assert engine_placement(trainer) == EnginePlacement(0, 0, 1, 1)
