@@ -20,7 +20,7 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from lit_agentrl.batching import (
     MicroBatch,
@@ -30,7 +30,7 @@ from lit_agentrl.batching import (
     prepare_samples,
     split_mini_batches,
 )
-from lit_agentrl.dtypes import torch_dtype
+from lit_agentrl.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
 from lit_agentrl.losses import LossScale
 from lit_agentrl.objective import Objective, loss_scale, micro_batch_loss
 from lit_agentrl.types import PromptBatch
@@ -142,19 +142,28 @@ class GRPOModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
-        model = self.model = self._load(self.model_path).train()
-        if self.update.sequence_packing:
-            check_packing_support(model)
-        if self.update.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-            model.config.use_cache = False
-        if self.objective.needs_reference:
-            self.reference = self._load(self.model_path).requires_grad_(False).eval()
-        if self.device_mesh is not None:
+        copies = 2 if self.objective.needs_reference else 1
+        if self.device_mesh is None:
+            models = [load_pretrained(self.model_path) for _ in range(copies)]
+            self._prepare(models)
+        else:
+            # Sharded before any weight is allocated; rank 0 alone reads the checkpoint (see loading.py).
             _check_mesh(self.device_mesh)
-            for module in (self.model, self.reference):
-                if module is not None:
-                    _fully_shard(module, self.device_mesh["data_parallel"], self.update.param_dtype)
+            models = [empty_model(self.model_path) for _ in range(copies)]
+            self._prepare(models)
+            for model in models:
+                fully_shard_layers(model, self.device_mesh["data_parallel"], self.update.param_dtype)
+            materialize_sharded(models, self.model_path, self.device)
+        self.model = models[0].train()
+        if copies == 2:
+            self.reference = models[1].requires_grad_(False).eval()
+        if self.update.sequence_packing:
+            check_packing_support(self.model)
+
+    def _prepare(self, models: list[PreTrainedModel]) -> None:
+        if self.update.gradient_checkpointing:
+            models[0].gradient_checkpointing_enable()
+            models[0].config.use_cache = False
 
     @property
     def policy(self) -> PreTrainedModel:
@@ -162,13 +171,6 @@ class GRPOModule(L.LightningModule):
         if self.model is None:
             raise RuntimeError("the policy is loaded in configure_model(); call it (the Trainer does) first")
         return self.model
-
-    @staticmethod
-    def _load(path: str) -> PreTrainedModel:
-        try:
-            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"model.model_path={path!r}: no loadable causal LM there ({exc})") from exc
 
     def configure_optimizers(self) -> Any:
         u = self.update
@@ -377,19 +379,6 @@ def _check_mesh(mesh: DeviceMesh) -> None:
             "over data parallelism only (FSDP2). Set tensor_parallel_size: 1 and data_parallel_size to the number "
             "of processes."
         )
-
-
-def _fully_shard(model: torch.nn.Module, mesh: Any, param_dtype: str) -> None:
-    """FSDP2: shard every decoder layer, then the root (embeddings, final norm, head)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    policy = MixedPrecisionPolicy(param_dtype=torch_dtype(param_dtype, "model.param_dtype"), reduce_dtype=torch.float32)
-    layers = getattr(getattr(model, "model", model), "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no `.model.layers` to shard per decoder layer")
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def _schedule(kind: str, warmup: int, total: int) -> Callable[[int], float]:

@@ -73,6 +73,7 @@ def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
             results["tensor_parallel"] = str(exc)
         if rank == 0:
             torch.save(results, Path(out_dir) / "two_process.pt")
+        dist.barrier()  # neither rank closes its connections while the other still uses them
     finally:
         dist.destroy_process_group()
 

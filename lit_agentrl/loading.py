@@ -1,0 +1,70 @@
+"""Loading the policy: whole on one process; under FSDP2 sharded first, then filled from one copy on rank 0.
+
+A rank that loaded the whole checkpoint before sharding it would hold a full fp32 copy (33 GB for an 8B model, per
+rank, twice with a reference model). Instead every rank builds the model on the meta device, shards it, allocates
+only its shards, and rank 0 alone reads the checkpoint and broadcasts it tensor by tensor, each rank keeping its
+shard (``set_model_state_dict(..., broadcast_from_rank0=True)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from lit_agentrl.dtypes import torch_dtype
+
+
+def load_pretrained(path: str) -> PreTrainedModel:
+    """The whole model at ``path`` in fp32 on CPU; ``ValueError`` naming the path when there is none."""
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model.model_path={path!r}: no loadable causal LM there ({exc})") from exc
+
+
+def empty_model(path: str) -> PreTrainedModel:
+    """The model at ``path`` built from its config on the meta device: shapes only, no memory, no weights read."""
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model.model_path={path!r}: no loadable causal LM there ({exc})") from exc
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def fully_shard_layers(model: torch.nn.Module, mesh: Any, param_dtype: str) -> None:
+    """FSDP2: shard every decoder layer, then the root (embeddings, final norm, head)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch_dtype(param_dtype, "model.param_dtype"), reduce_dtype=torch.float32)
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no `.model.layers` to shard per decoder layer")
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def materialize_sharded(models: list[PreTrainedModel], path: str, device: torch.device) -> None:
+    """Allocate the sharded meta ``models`` on ``device`` and fill them all from one copy of ``path`` on rank 0.
+
+    Every rank must call this (the broadcast is collective). Buffers that checkpoints do not hold (rotary
+    ``inv_freq``) are recomputed by transformers' own initialisation of those modules.
+    """
+    for model in models:
+        model.to_empty(device=device)
+        _init_non_persistent_buffers(model)
+    full = load_pretrained(path).state_dict() if dist.get_rank() == 0 else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    for model in models:
+        set_model_state_dict(model, dict(full), options=options)  # it replaces the dict's values with the shards
+
+
+def _init_non_persistent_buffers(model: PreTrainedModel) -> None:
+    for module in model.modules():
+        if module._non_persistent_buffers_set:
+            model._init_weights(module)
