@@ -2,6 +2,7 @@
 
 lit-agentrl fit --config configs/quickstart.yaml
 lit-agentrl validate --config configs/quickstart.yaml --ckpt_path PATH
+lit-agentrl plan --config configs/qwen3_8b_math_agent.yaml [--gpu-memory-gb 80] [--devices N] [--override KEY=VALUE]
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import csv
 import os
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,11 @@ def reward_summary(path: Path) -> str | None:
 
 def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["plan"]:  # memory estimate from the config alone, before LightningCLI (see lit_agentrl.plan)
+        from lit_agentrl.plan import plan_main
+
+        raise SystemExit(plan_main(argv[1:]))
     AgentRLCLI(
         GRPOModule,
         AgentPromptDataModule,

@@ -1,0 +1,401 @@
+"""``lit-agentrl plan --config X.yaml``: will a run fit in GPU memory? Estimates per GPU, from the config alone.
+
+Reads the run config and the model's ``config.json`` (the model is built on the meta device: no weights are
+read), then models what the code does *today*:
+
+* FSDP2 over ``data_parallel_size`` ranks: fp32 master parameters, fp32 gradients and AdamW's two fp32 states,
+  each sharded 1/N. During forward/backward each decoder layer is all-gathered in ``param_dtype`` (the current
+  layer and the prefetched next one), and its unsharded gradient (``param_dtype``, plus the fp32 copy that is
+  reduce-scattered); the root group (embeddings, final norm, head) stays unsharded from the start of forward
+  to the end of backward (FSDP2 does not reshard the root after forward), and so does its unsharded gradient.
+  ``kl_coef > 0`` adds a frozen fp32 reference, sharded the same way, and its logits.
+* Activations per micro-batch of ``micro_batch_tokens`` tokens: see :func:`layer_activation_bytes_per_token`.
+* The log-probs (``lit_agentrl.losses.token_logprobs``): full-vocabulary logits for every token in
+  ``param_dtype``, their fp32 upcast (kept for the backward of ``logsumexp``), and two more [tokens, vocab]
+  fp32 temporaries (the entropy's ``exp(s - z)`` and its product with ``s``; in backward, the gradients of
+  ``gather`` and ``logsumexp``).
+* SGLang on the same GPU (``colocate``): weights in its dtype, and a KV cache of
+  ``mem_fraction_static x GPU memory - weights``; released during training when ``enable_memory_saver``.
+* The trainer's CUDA caching allocator: nothing calls ``torch.cuda.empty_cache()`` between the training step
+  and the next rollout, so the memory reserved at the training peak stays reserved while SGLang resumes its
+  weights and KV cache (``PlanInputs.trainer_cache_released`` models the alternative).
+* Host memory at load: under FSDP2 (more than one rank) rank 0 alone reads one fp32 copy on the CPU and broadcasts
+  it, each rank keeping its shards (``lit_agentrl.loading``); one process loads each model whole (twice with a
+  reference).
+
+Not modelled: SGLang's memory outside ``mem_fraction_static`` (CUDA graphs, its activations), NCCL buffers, the
+CUDA context (~0.5-1 GB per process), fragmentation. GB here are 10^9 bytes. The figures are estimates, checked
+on CPU against real tensors (tests/test_plan.py), not on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+GB = 10**9
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+SGLANG_DEFAULT_MEM_FRACTION = 0.88  # what SGLang picks on large (80 GB-class) GPUs when none is given
+COLOCATED_ENGINES = ("sglang",)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Plain numbers a memory plan is computed from (model shapes from the meta model, the rest from the config)."""
+
+    num_params: int  # unique parameters (tied embeddings counted once)
+    layer_params: int  # parameters of the largest decoder layer
+    root_params: int  # parameters outside the decoder layers: embeddings, final norm, head (FSDP2's root group)
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    param_dtype: str = "float32"  # model.param_dtype: the compute / all-gather dtype
+    engine_dtype: str = "bfloat16"  # engine_kwargs.dtype
+    data_parallel_size: int = 1
+    gpu_memory: int = 80 * GB
+    micro_batch_tokens: int = 16384
+    gradient_checkpointing: bool = False
+    sequence_packing: bool = True
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    temperature: float = 1.0
+    engine: str = "sglang"
+    colocate: bool = False
+    mem_fraction_static: float | None = None
+    enable_memory_saver: bool = False
+    prompts_per_step: int = 8
+    n_samples: int = 8
+    max_prompt_length: int = 0
+    max_new_tokens: int = 128
+    ranks_per_node: int = 1
+    trainer_cache_released: bool = False  # True if torch.cuda.empty_cache() ran before each rollout (not today)
+
+
+@dataclass
+class MemoryPlan:
+    """Per-GPU byte figures, phase peaks and the verdict."""
+
+    figures: dict[str, int]  # name -> bytes per GPU (or per rank/node for host memory, as named)
+    phases: dict[str, int]  # phase -> peak bytes per GPU
+    kv_bytes_per_token: int
+    kv_capacity_tokens: int
+    worst_case_tokens: int
+    gpu_memory: int
+    fits: bool
+    reasons: list[str] = field(default_factory=list)  # why it does not fit, first the first phase that fails
+    warnings: list[str] = field(default_factory=list)
+
+    def table(self) -> str:
+        """One row per figure and per phase, GB per GPU; then the KV capacity and the verdict."""
+        rows = [(name, f"{value / GB:10.2f} GB") for name, value in self.figures.items()]
+        rows.append(("", ""))
+        rows += [(f"peak: {phase}", f"{value / GB:10.2f} GB") for phase, value in self.phases.items()]
+        rows.append(("GPU memory", f"{self.gpu_memory / GB:10.2f} GB"))
+        rows.append(("", ""))
+        rows.append(("KV bytes per token", f"{self.kv_bytes_per_token:>13,d}"))
+        rows.append(("KV capacity (tokens)", f"{self.kv_capacity_tokens:>13,d}"))
+        rows.append(("worst case (tokens)", f"{self.worst_case_tokens:>13,d}"))
+        width = max(len(name) for name, _ in rows)
+        lines = [f"{name:<{width}}  {value}" if name else "" for name, value in rows]
+        lines.append("")
+        lines += [f"warning: {w}" for w in self.warnings]
+        verdict = "FITS" if self.fits else "DOES NOT FIT"
+        lines.append(f"verdict: {verdict}" + (f": {self.reasons[0]}" if self.reasons else ""))
+        lines += [f"  also: {r}" for r in self.reasons[1:]]
+        return "\n".join(lines)
+
+
+def layer_activation_bytes_per_token(x: PlanInputs) -> int:
+    """Bytes one Qwen3 decoder layer saves for backward, per token, without checkpointing.
+
+    Counted from transformers' ``Qwen3DecoderLayer`` (sdpa attention) and PyTorch's autograd rules (a product
+    saves only the factor the other operand's gradient needs), with b = bytes of ``param_dtype``, h hidden,
+    q/kv query and key-value heads, d head_dim, i intermediate:
+
+    * each of the two RMSNorms (over h): its fp32 input (4h), the normalised value cast back to b (b h) that the
+      weight multiplies, and its output, which the next linear saves (b h): (4 + 2b) h, twice;
+    * q_norm and k_norm (over d per head): fp32 input and normalised value, (4 + b) q d and (4 + b) kv d (their
+      outputs go into RoPE, whose products with cos/sin save only cos/sin);
+    * attention inputs after RoPE: b q d (queries) + 2 b kv' d (keys, values), where kv' = q when the keys and
+      values are repeated to every head (packed rows: transformers then builds a mask, and sdpa's GQA path
+      needs none), else kv;
+    * sdpa's output and its log-sum-exp: b q d + 4 q; the transposed contiguous copy ``o_proj`` saves: b q d;
+    * SwiGLU MLP: gate, silu(gate), up, and their product: 4 b i.
+    """
+    b = DTYPE_BYTES[x.param_dtype]
+    h, q, kv, d, i = x.hidden_size, x.num_heads, x.num_kv_heads, x.head_dim, x.intermediate_size
+    kv_attn = q if x.sequence_packing else kv
+    norms = 2 * (4 + 2 * b) * h
+    qk_norms = (4 + b) * q * d + (4 + b) * kv * d
+    attention = b * q * d + 2 * b * kv_attn * d + b * q * d + 4 * q + b * q * d
+    mlp = 4 * b * i
+    return norms + qk_norms + attention + mlp
+
+
+def outside_layers_activation_bytes_per_token(x: PlanInputs) -> int:
+    """Saved outside the decoder layers, per token: the final norm and the head's input ((4 + 2b) h), RoPE's cos
+    and sin (2 b d), the input ids (8)."""
+    b = DTYPE_BYTES[x.param_dtype]
+    return (4 + 2 * b) * x.hidden_size + 2 * b * x.head_dim + 8
+
+
+def plan_memory(x: PlanInputs) -> MemoryPlan:
+    """The memory plan of one GPU (every rank holds the same)."""
+    n, p = x.data_parallel_size, x.num_params
+    b = DTYPE_BYTES[x.param_dtype]
+    t, v = x.micro_batch_tokens, x.vocab_size
+    reduce_copy = 4 if b < 4 else 0  # FSDP2 casts unsharded gradients to reduce_dtype=float32 to reduce-scatter
+    f: dict[str, int] = {}
+    f["parameters (fp32, sharded)"] = 4 * p // n
+    f["gradients (fp32, sharded)"] = 4 * p // n
+    f["AdamW states (2 x fp32, sharded)"] = 8 * p // n
+    f["reference (fp32, sharded)"] = 4 * p // n if x.kl_coef > 0 else 0
+    f["root params gathered (embed+head)"] = x.root_params * b * (2 if x.kl_coef > 0 else 1)
+    f["root grads unsharded"] = x.root_params * b
+    f["layer params gathered (2 layers)"] = 2 * x.layer_params * b
+    f["layer grads unsharded (1 layer)"] = x.layer_params * (b + reduce_copy)
+    per_layer = layer_activation_bytes_per_token(x)
+    outside = outside_layers_activation_bytes_per_token(x)
+    f["activations, no checkpointing"] = t * (x.num_layers * per_layer + outside)
+    # HF checkpointing saves each layer's input (b h per token) and recomputes one layer at a time in backward.
+    f["activations, checkpointing"] = t * (x.num_layers * b * x.hidden_size + per_layer + outside)
+    f["packed attention mask (1 row)"] = t * t if x.sequence_packing else 0
+    upcasts = 2 if x.temperature != 1.0 else 1
+    f["logits (param dtype + fp32)"] = t * v * (b + 4 * upcasts)
+    f["log-prob/entropy temporaries"] = 2 * t * v * 4
+    f["reference logits"] = t * v * b if x.kl_coef > 0 else 0
+    engine_on_gpu = x.engine in COLOCATED_ENGINES
+    fraction = x.mem_fraction_static if x.mem_fraction_static is not None else SGLANG_DEFAULT_MEM_FRACTION
+    engine_total = int(fraction * x.gpu_memory) if engine_on_gpu else 0
+    engine_weights = p * DTYPE_BYTES[x.engine_dtype] if engine_on_gpu else 0
+    f["SGLang weights"] = engine_weights
+    f["SGLang KV cache"] = engine_total - engine_weights
+    kv_per_token = 2 * x.num_layers * x.num_kv_heads * x.head_dim * DTYPE_BYTES[x.engine_dtype]
+    kv_tokens = max(0, f["SGLang KV cache"]) // kv_per_token if engine_on_gpu else 0
+    worst = x.prompts_per_step // n * x.n_samples * (x.max_prompt_length + x.max_new_tokens)
+    if n > 1:  # rank 0 reads one copy for the policy and the reference and broadcasts it (lit_agentrl.loading)
+        f["host memory at load, rank 0"] = f["host memory at load, per node"] = 4 * p
+    else:  # one process loads each model whole
+        f["host memory at load, rank 0"] = f["host memory at load, per node"] = 4 * p * (2 if x.kl_coef > 0 else 1)
+
+    sharded = f["parameters (fp32, sharded)"] + f["AdamW states (2 x fp32, sharded)"] + f["reference (fp32, sharded)"]
+    activations = f["activations, checkpointing" if x.gradient_checkpointing else "activations, no checkpointing"]
+    trainer_training = (
+        sharded
+        + f["gradients (fp32, sharded)"]
+        + f["root params gathered (embed+head)"]
+        + f["root grads unsharded"]
+        + f["layer params gathered (2 layers)"]
+        + f["layer grads unsharded (1 layer)"]
+        + activations
+        + f["packed attention mask (1 row)"]
+        + f["logits (param dtype + fp32)"]
+        + f["log-prob/entropy temporaries"]
+        + f["reference logits"]
+    )
+    # AdamW (foreach) keeps about one more fp32 shard of temporaries during the step.
+    trainer_optimizer = sharded + f["gradients (fp32, sharded)"] + 4 * p // n
+    released = x.colocate and x.enable_memory_saver
+    engine_in_training = 0 if released else engine_total
+    phases: dict[str, int] = {}
+    # Between steps the gradients are freed (zero_grad(set_to_none=True)), but the caching allocator keeps what
+    # the trainer reserved at its peak unless the cache is emptied.
+    trainer_idle = sharded if x.trainer_cache_released else max(trainer_training, trainer_optimizer)
+    phases["generation"] = trainer_idle + engine_total
+    phases["generation (if the trainer's cache were emptied)"] = sharded + engine_total
+    phases["training"] = trainer_training + engine_in_training
+    phases["optimizer step"] = trainer_optimizer + engine_in_training
+
+    reasons: list[str] = []
+    warnings: list[str] = []
+    for phase in ("generation", "training", "optimizer step"):
+        if phases[phase] > x.gpu_memory:
+            reasons.append(
+                f"the {phase} phase needs {phases[phase] / GB:.1f} GB per GPU, more than the {x.gpu_memory / GB:.0f} GB "
+                f"there are"
+            )
+    if engine_on_gpu and f["SGLang KV cache"] <= 0:
+        reasons.append(
+            f"SGLang's weights ({engine_weights / GB:.1f} GB) do not fit in mem_fraction_static={fraction} of "
+            f"{x.gpu_memory / GB:.0f} GB: no room for a KV cache"
+        )
+    if reasons and phases["generation"] > x.gpu_memory >= phases["generation (if the trainer's cache were emptied)"]:
+        warnings.append(
+            "the generation phase would fit if the trainer released its cached memory before each rollout "
+            "(torch.cuda.empty_cache(); the code does not today)"
+        )
+    if engine_on_gpu and 0 < kv_tokens < worst:
+        warnings.append(
+            f"the KV cache holds {kv_tokens:,} tokens, less than the step's worst case of {worst:,} "
+            "(SGLang queues or retracts requests: slower, not out of memory)"
+        )
+    if x.engine not in COLOCATED_ENGINES:
+        warnings.append(f"engine {x.engine!r}: its memory is not modelled (only SGLang's is)")
+    if not x.colocate and engine_on_gpu:
+        warnings.append("colocate is false: SGLang keeps its memory during training too")
+    if x.max_prompt_length == 0:
+        warnings.append("data.max_prompt_length is not set: the worst case counts responses only")
+    return MemoryPlan(f, phases, kv_per_token, kv_tokens, worst, x.gpu_memory, not reasons, reasons, warnings)
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+class ModelShapes(TypedDict):
+    """The model's part of :class:`PlanInputs`."""
+
+    num_params: int
+    layer_params: int
+    root_params: int
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+
+
+@functools.lru_cache(maxsize=8)
+def model_shapes(model_path: str) -> ModelShapes:
+    """Parameter counts and sizes of the causal LM at ``model_path``, built on the meta device (no weights read).
+
+    Cached per path for the process (the config is read once).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not (Path(model_path) / "config.json").is_file():
+        raise ValueError(
+            f"model.model_path={model_path!r}: no config.json there; the plan needs only the model's config.json "
+            "(download it first, or point model.model_path at a folder that holds it)"
+        )
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no `.model.layers`")
+    num_params = sum(p.numel() for p in model.parameters())
+    layer_sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    text = getattr(config, "text_config", None) or config
+    heads = text.num_attention_heads
+    return ModelShapes(
+        **{
+            "num_params": num_params,
+            "layer_params": max(layer_sizes),
+            "root_params": num_params - sum(layer_sizes),
+            "hidden_size": text.hidden_size,
+            "num_layers": text.num_hidden_layers,
+            "vocab_size": text.vocab_size,
+            "num_heads": heads,
+            "num_kv_heads": getattr(text, "num_key_value_heads", None) or heads,
+            "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
+            "intermediate_size": text.intermediate_size,
+        }
+    )
+
+
+def _defaults(cls: Any) -> dict[str, Any]:
+    return {
+        name: p.default
+        for name, p in inspect.signature(cls.__init__).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+
+
+def _set(config: dict[str, Any], dotted: str, value: Any) -> None:
+    node = config
+    *parents, last = dotted.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+
+
+def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> PlanInputs:
+    """:class:`PlanInputs` from a parsed run config (``trainer``, ``model``, ``data``, the RolloutCallback)."""
+    from lit_agentrl.callbacks.rollout import RolloutCallback
+    from lit_agentrl.data import AgentPromptDataModule
+    from lit_agentrl.module import GRPOModule
+
+    trainer = config.get("trainer") or {}
+    model = {**_defaults(GRPOModule), **(config.get("model") or {})}
+    data = {**_defaults(AgentPromptDataModule), **(config.get("data") or {})}
+    rollout = dict(_defaults(RolloutCallback))
+    for callback in trainer.get("callbacks") or []:
+        if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith("RolloutCallback"):
+            rollout.update(callback.get("init_args") or {})
+    if "model_path" not in model:
+        raise ValueError("the config has no model.model_path")
+    devices = trainer.get("devices", 1)
+    devices = devices if isinstance(devices, int) else 1
+    nodes = int(trainer.get("num_nodes", 1) or 1)
+    strategy = trainer.get("strategy")
+    dp = (strategy.get("init_args") or {}).get("data_parallel_size") if isinstance(strategy, dict) else None
+    dp = dp if isinstance(dp, int) else devices * nodes
+    engine_kwargs = rollout.get("engine_kwargs") or {}
+    sampling = rollout.get("sampling_params") or {}
+    return PlanInputs(
+        **model_shapes(str(model["model_path"])),
+        param_dtype=str(model["param_dtype"]),
+        engine_dtype=str(engine_kwargs.get("dtype", "bfloat16")),
+        data_parallel_size=dp,
+        gpu_memory=gpu_memory,
+        micro_batch_tokens=int(model["micro_batch_tokens"]),
+        gradient_checkpointing=bool(model["gradient_checkpointing"]),
+        sequence_packing=bool(model["sequence_packing"]),
+        kl_coef=float(model["kl_coef"]),
+        entropy_coef=float(model["entropy_coef"]),
+        temperature=float(model["rollout_temperature"]),
+        engine=str(rollout["engine"]),
+        colocate=bool(rollout["colocate"]),
+        mem_fraction_static=engine_kwargs.get("mem_fraction_static"),
+        enable_memory_saver=bool(engine_kwargs.get("enable_memory_saver", False)),
+        prompts_per_step=int(data["prompts_per_step"]),
+        n_samples=int(rollout["n_samples"]),
+        max_prompt_length=int(data.get("max_prompt_length") or 0),
+        max_new_tokens=int(sampling.get("max_new_tokens", 128)),
+        ranks_per_node=devices,
+    )
+
+
+def plan_main(args: list[str]) -> int:
+    """``lit-agentrl plan``: print the plan of a config; 0 when it fits, 1 when not."""
+    import yaml
+
+    parser = argparse.ArgumentParser(prog="lit-agentrl plan", description="Estimate a run's memory per GPU.")
+    parser.add_argument("--config", required=True, help="the run config (as for fit)")
+    parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU, in 10^9 bytes")
+    parser.add_argument("--devices", type=int, help="override trainer.devices and the data-parallel size")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="e.g. model.kl_coef=0.1")
+    ns = parser.parse_args(args)
+    config = yaml.safe_load(Path(ns.config).read_text()) or {}
+    if ns.devices is not None:
+        _set(config, "trainer.devices", ns.devices)
+        strategy = config.get("trainer", {}).get("strategy")
+        if isinstance(strategy, dict):
+            strategy.setdefault("init_args", {})["data_parallel_size"] = ns.devices
+    for item in ns.override:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--override {item!r}: expected KEY=VALUE")
+        _set(config, key, yaml.safe_load(value))
+    try:
+        inputs = inputs_from_config(config, int(ns.gpu_memory_gb * GB))
+    except ValueError as exc:
+        print(f"lit-agentrl plan: {ns.config}: {exc}", file=sys.stderr)
+        return 2
+    plan = plan_memory(inputs)
+    print(f"{ns.config}: {inputs.num_params / 1e9:.2f}B parameters, {inputs.data_parallel_size} GPU(s), per GPU:")
+    print(plan.table())
+    sys.stdout.flush()
+    return 0 if plan.fits else 1
