@@ -16,9 +16,9 @@ read), then models what the code does *today*:
   ``gather`` and ``logsumexp``).
 * SGLang on the same GPU (``colocate``): weights in its dtype, and a KV cache of
   ``mem_fraction_static x GPU memory - weights``; released during training when ``enable_memory_saver``.
-* The trainer's CUDA caching allocator: nothing calls ``torch.cuda.empty_cache()`` between the training step
-  and the next rollout, so the memory reserved at the training peak stays reserved while SGLang resumes its
-  weights and KV cache (``PlanInputs.trainer_cache_released`` models the alternative).
+* The trainer's CUDA caching allocator: in colocated mode ``RolloutCallback`` empties it before SGLang resumes
+  (``torch.cuda.empty_cache()``), so only the sharded states stay; otherwise the memory reserved at the training
+  peak stays reserved beside SGLang's (``PlanInputs.trainer_cache_released``).
 * Host memory at load: under FSDP2 (more than one rank) rank 0 alone reads one fp32 copy on the CPU and broadcasts
   it, each rank keeping its shards (``lit_agentrl.loading``); one process loads each model whole (twice with a
   reference).
@@ -77,7 +77,7 @@ class PlanInputs:
     max_prompt_length: int = 0
     max_new_tokens: int = 128
     ranks_per_node: int = 1
-    trainer_cache_released: bool = False  # True if torch.cuda.empty_cache() ran before each rollout (not today)
+    trainer_cache_released: bool = False  # torch.cuda.empty_cache() runs before each rollout (colocated mode)
 
 
 @dataclass
@@ -211,7 +211,6 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     # the trainer reserved at its peak unless the cache is emptied.
     trainer_idle = sharded if x.trainer_cache_released else max(trainer_training, trainer_optimizer)
     phases["generation"] = trainer_idle + engine_total
-    phases["generation (if the trainer's cache were emptied)"] = sharded + engine_total
     phases["training"] = trainer_training + engine_in_training
     phases["optimizer step"] = trainer_optimizer + engine_in_training
 
@@ -227,11 +226,6 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
         reasons.append(
             f"SGLang's weights ({engine_weights / GB:.1f} GB) do not fit in mem_fraction_static={fraction} of "
             f"{x.gpu_memory / GB:.0f} GB: no room for a KV cache"
-        )
-    if reasons and phases["generation"] > x.gpu_memory >= phases["generation (if the trainer's cache were emptied)"]:
-        warnings.append(
-            "the generation phase would fit if the trainer released its cached memory before each rollout "
-            "(torch.cuda.empty_cache(); the code does not today)"
         )
     if engine_on_gpu and 0 < kv_tokens < worst:
         warnings.append(
@@ -358,6 +352,7 @@ def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> Pla
         temperature=float(model["rollout_temperature"]),
         engine=str(rollout["engine"]),
         colocate=bool(rollout["colocate"]),
+        trainer_cache_released=bool(rollout["colocate"]),  # RolloutCallback empties the cache before SGLang resumes
         mem_fraction_static=engine_kwargs.get("mem_fraction_static"),
         enable_memory_saver=bool(engine_kwargs.get("enable_memory_saver", False)),
         prompts_per_step=int(data["prompts_per_step"]),

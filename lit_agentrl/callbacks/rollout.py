@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import AutoTokenizer
@@ -208,14 +209,18 @@ class RolloutCallback(Callback):
     def _prepare_engines(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Bring the engines up to date before they generate: resume memory, then sync weights if stale.
 
-        SGLang's order in colocated mode: weights back, weights updated, then the KV cache back.
+        SGLang's order in colocated mode: weights back, weights updated, then the KV cache back. Before each resume
+        the trainer's allocator hands back the memory it cached at its training peak (and the sync's buckets), or
+        SGLang would find it taken.
         """
         if self._released:
+            release_cached_memory(pl_module.device)
             for engine in self.engines:
                 engine.resume_memory_occupation(tags=["weights"])
         if self._needs_sync:
             self._sync(trainer, pl_module)
         if self._released:
+            release_cached_memory(pl_module.device)
             for engine in self.engines:
                 engine.resume_memory_occupation(tags=["kv_cache"])
             self._released = False
@@ -281,3 +286,9 @@ def _grpo_module(pl_module: L.LightningModule) -> GRPOModule:
     if not isinstance(pl_module, GRPOModule):
         raise TypeError(f"RolloutCallback trains a GRPOModule, not a {type(pl_module).__name__}")
     return pl_module
+
+
+def release_cached_memory(device: torch.device) -> None:
+    """Return the trainer's cached, unused accelerator memory to the device (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
