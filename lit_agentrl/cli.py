@@ -26,10 +26,34 @@ DEFAULT_ROOT_DIR = "outputs"
 
 
 class AgentRLCLI(LightningCLI):
-    """LightningCLI that, after ``fit``, prints where the metrics went and how the reward moved."""
+    """LightningCLI that checks a GPU run's memory plan before ``fit`` loads anything, and afterwards prints where
+    the metrics went and how the reward moved."""
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.link_arguments("model.model_path", "data.tokenizer_path")
+        parser.add_argument(
+            "--skip_memory_plan", type=bool, default=False, help="start a GPU run even if `lit-agentrl plan` refuses it"
+        )
+
+    def before_fit(self) -> None:
+        """Refuse a GPU run that cannot fit (``lit_agentrl.plan``) before any weight is loaded."""
+        settings = self.config[self.subcommand]
+        if settings.get("skip_memory_plan") or not _plans_gpu_memory(settings):
+            return
+        import torch
+        import yaml
+
+        from lit_agentrl.plan import inputs_from_config, plan_memory
+
+        config = yaml.safe_load(self._parser(self.subcommand).dump(settings, skip_none=False, skip_validation=True))
+        gpu_memory = torch.cuda.get_device_properties(0).total_memory
+        plan = plan_memory(inputs_from_config(config, gpu_memory))
+        if not plan.fits:
+            raise SystemExit(
+                f"lit-agentrl fit: the run does not fit on this GPU ({gpu_memory / 1e9:.0f} GB): "
+                f"{'; '.join(plan.reasons)}. `lit-agentrl plan --config ...` prints the whole plan; "
+                "--skip_memory_plan true starts it anyway."
+            )
 
     def after_fit(self) -> None:
         if not self.trainer.is_global_zero:
@@ -41,6 +65,14 @@ class AgentRLCLI(LightningCLI):
                 summary = reward_summary(path)
                 if summary:
                     print(summary)
+
+
+def _plans_gpu_memory(settings: Any) -> bool:
+    """Whether the run trains on CUDA GPUs with an engine the planner models (CPU runs need no plan)."""
+    import torch
+
+    accelerator = str(settings.get("trainer.accelerator", "auto"))
+    return torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
 
 
 def reward_summary(path: Path) -> str | None:

@@ -212,3 +212,28 @@ def test_activations_with_checkpointing_match_saved_tensors():
     x = small_inputs(param_dtype="bfloat16", micro_batch_tokens=tokens, sequence_packing=False)
     kept = tokens * (x.num_layers * 2 * x.hidden_size + outside_layers_activation_bytes_per_token(x))
     assert kept == pytest.approx(measured, rel=0.15)
+
+
+# ---------------------------------------------------------------------------------------------------- fit refuses
+
+
+class _FakeGPU:
+    total_memory = 80 * GB
+
+
+@pytest.mark.slow  # a LightningCLI run up to before_fit
+def test_fit_refuses_a_run_that_cannot_fit_before_loading_weights(qwen3_8b_dir: Path, tmp_path: Path, monkeypatch):
+    """The model folder holds only config.json: had fit loaded anything, it would fail on the missing weights."""
+    config = config_8b(qwen3_8b_dir, devices=1)
+    config["trainer"].update(accelerator="auto", logger=False, callbacks=config["trainer"]["callbacks"][:1])
+    config["trainer"]["strategy"] = "auto"
+    config["data"].update(train_files=str(REPO_ROOT / "data/samples/math_sample_train.jsonl"), val_files=None)
+    config["data"]["prompts_per_step"] = 8
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the check runs for GPU runs only
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: _FakeGPU())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(path)])
+    assert "the run does not fit on this GPU (80 GB): the generation phase needs" in str(exit_info.value.code)
