@@ -237,3 +237,17 @@ def test_fit_refuses_a_run_that_cannot_fit_before_loading_weights(qwen3_8b_dir: 
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--config", str(path)])
     assert "the run does not fit on this GPU (80 GB): the generation phase needs" in str(exit_info.value.code)
+
+
+QWEN3_0_6B = {**QWEN3_8B, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28}
+QWEN3_0_6B.update(num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True)
+
+
+def test_the_one_gpu_smoke_config_fits_one_80_gb_gpu(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_0_6B))
+    config = yaml.safe_load((REPO_ROOT / "configs" / "qwen3_0_6b_gpu_smoke.yaml").read_text())
+    config["model"]["model_path"] = str(tmp_path)
+    inputs = inputs_from_config(config)
+    assert 0.5e9 < inputs.num_params < 0.7e9 and inputs.data_parallel_size == 1
+    plan = plan_memory(inputs)
+    assert plan.fits, plan.reasons
