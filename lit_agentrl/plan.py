@@ -31,12 +31,13 @@ on CPU against real tensors (tests/test_plan.py), not on a GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 GB = 10**9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -45,8 +46,8 @@ COLOCATED_ENGINES = ("sglang",)
 
 
 @dataclass(frozen=True)
-class PlanInputs:
-    """Plain numbers a memory plan is computed from (model shapes from the meta model, the rest from the config)."""
+class ModelShapes:
+    """The model's sizes, read from its config on the meta device (:func:`model_shapes`)."""
 
     num_params: int  # unique parameters (tied embeddings counted once)
     layer_params: int  # parameters of the largest decoder layer
@@ -58,6 +59,12 @@ class PlanInputs:
     num_kv_heads: int
     head_dim: int
     intermediate_size: int
+
+
+@dataclass(frozen=True)
+class PlanInputs(ModelShapes):
+    """Plain numbers a memory plan is computed from: the model's shapes, then the run's settings from the config."""
+
     param_dtype: str = "float32"  # model.param_dtype: the compute / all-gather dtype
     engine_dtype: str = "bfloat16"  # engine_kwargs.dtype
     data_parallel_size: int = 1
@@ -244,21 +251,6 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
 # ---------------------------------------------------------------------------------------------------- reading
 
 
-class ModelShapes(TypedDict):
-    """The model's part of :class:`PlanInputs`."""
-
-    num_params: int
-    layer_params: int
-    root_params: int
-    hidden_size: int
-    num_layers: int
-    vocab_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-
-
 @functools.lru_cache(maxsize=8)
 def model_shapes(model_path: str) -> ModelShapes:
     """Parameter counts and sizes of the causal LM at ``model_path``, built on the meta device (no weights read).
@@ -284,18 +276,16 @@ def model_shapes(model_path: str) -> ModelShapes:
     text = getattr(config, "text_config", None) or config
     heads = text.num_attention_heads
     return ModelShapes(
-        **{
-            "num_params": num_params,
-            "layer_params": max(layer_sizes),
-            "root_params": num_params - sum(layer_sizes),
-            "hidden_size": text.hidden_size,
-            "num_layers": text.num_hidden_layers,
-            "vocab_size": text.vocab_size,
-            "num_heads": heads,
-            "num_kv_heads": getattr(text, "num_key_value_heads", None) or heads,
-            "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
-            "intermediate_size": text.intermediate_size,
-        }
+        num_params=num_params,
+        layer_params=max(layer_sizes),
+        root_params=num_params - sum(layer_sizes),
+        hidden_size=text.hidden_size,
+        num_layers=text.num_hidden_layers,
+        vocab_size=text.vocab_size,
+        num_heads=heads,
+        num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        intermediate_size=text.intermediate_size,
     )
 
 
@@ -339,7 +329,7 @@ def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> Pla
     engine_kwargs = rollout.get("engine_kwargs") or {}
     sampling = rollout.get("sampling_params") or {}
     return PlanInputs(
-        **model_shapes(str(model["model_path"])),
+        **dataclasses.asdict(model_shapes(str(model["model_path"]))),
         param_dtype=str(model["param_dtype"]),
         engine_dtype=str(engine_kwargs.get("dtype", "bfloat16")),
         data_parallel_size=dp,

@@ -93,21 +93,21 @@ def test_qwen3_8b_parameters_and_sharded_states_by_hand(qwen3_8b_dir: Path):
     shapes = model_shapes(str(qwen3_8b_dir))
     h, i, kv = 4096, 12288, 8 * 128
     layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h + 2 * 128  # q,o; k,v; gate,up,down; 2 norms; q/k norms
-    assert shapes["layer_params"] == layer
-    assert shapes["num_params"] == 36 * layer + 2 * 151936 * h + h  # untied embeddings and head, final norm
-    assert shapes["num_params"] == pytest.approx(8.19e9, rel=0.001)
+    assert shapes.layer_params == layer
+    assert shapes.num_params == 36 * layer + 2 * 151936 * h + h  # untied embeddings and head, final norm
+    assert shapes.num_params == pytest.approx(8.19e9, rel=0.001)
     plan = plan_memory(inputs_from_config(config_8b(qwen3_8b_dir)))
     f = plan.figures
     states = f["parameters (fp32, sharded)"] + f["gradients (fp32, sharded)"] + f["AdamW states (2 x fp32, sharded)"]
     assert states == pytest.approx(16.4 * GB, rel=0.01)  # 16 bytes x 8.19e9 / 8
     assert plan.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2 == 147_456
-    assert f["SGLang weights"] == 2 * shapes["num_params"]
-    assert f["SGLang KV cache"] == int(0.5 * 80 * GB) - 2 * shapes["num_params"]
+    assert f["SGLang weights"] == 2 * shapes.num_params
+    assert f["SGLang KV cache"] == int(0.5 * 80 * GB) - 2 * shapes.num_params
     assert plan.worst_case_tokens == 64 // 8 * 32 * (1024 + 2048)
     # rank 0 reads one fp32 copy and broadcasts the shards, even with a reference model
-    assert f["host memory at load, per node"] == 4 * shapes["num_params"]
+    assert f["host memory at load, per node"] == 4 * shapes.num_params
     with_reference = plan_memory(replace(inputs_from_config(config_8b(qwen3_8b_dir)), kl_coef=0.1))
-    assert with_reference.figures["host memory at load, per node"] == 4 * shapes["num_params"]
+    assert with_reference.figures["host memory at load, per node"] == 4 * shapes.num_params
 
 
 def test_qwen3_8b_on_8_gpus_fits(qwen3_8b_dir: Path):
