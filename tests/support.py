@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,10 @@ def quick_config(
 def read_csv(path: Path) -> list[dict]:
     with open(path) as f:
         return list(csv.DictReader(f))
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for a process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

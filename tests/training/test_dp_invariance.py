@@ -8,13 +8,13 @@ gradients (gathered from the shards) must equal one process's over all the sampl
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from support import free_port
 from torch.distributed.device_mesh import init_device_mesh
 
 from lit_agentrl.batching import TrainingSample
@@ -76,12 +76,6 @@ def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
         dist.barrier()  # neither rank closes its connections while the other still uses them
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_one_and_two_processes_give_the_same_gradients(tiny_model_dir, tmp_path):

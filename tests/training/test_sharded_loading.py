@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from support import free_port
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -75,12 +75,6 @@ def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
         dist.barrier()  # neither rank closes its connections while the other still uses them
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_sharded_load_equals_from_pretrained_without_a_full_copy_per_rank(tmp_path):
