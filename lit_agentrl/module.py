@@ -31,7 +31,8 @@ from lit_agentrl.batching import (
     split_mini_batches,
 )
 from lit_agentrl.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
-from lit_agentrl.losses import LossScale
+from lit_agentrl.logprobs import check_chunked_head, model_token_logprobs
+from lit_agentrl.losses import LossScale, TokenLogProbs
 from lit_agentrl.objective import Objective, loss_scale, micro_batch_loss
 from lit_agentrl.types import PromptBatch
 
@@ -55,6 +56,7 @@ class UpdateSettings:
     grad_clip: float | None
     param_dtype: str
     gradient_checkpointing: bool
+    logprob_chunk_tokens: int = 1024
 
     def __post_init__(self) -> None:
         checks = [
@@ -63,6 +65,7 @@ class UpdateSettings:
             (self.lr_schedule in LR_SCHEDULES, f"model.lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}"),
             (self.mini_batches >= 1, f"model.mini_batches must be >= 1, got {self.mini_batches}"),
             (self.micro_batch_tokens >= 1, f"model.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}"),
+            (self.logprob_chunk_tokens >= 0, f"model.logprob_chunk_tokens must be >= 0 (0: full logits), got {self.logprob_chunk_tokens}"),
             (self.grad_clip is None or self.grad_clip > 0, f"model.grad_clip must be > 0 or null, got {self.grad_clip}"),
             (self.param_dtype in PARAM_DTYPES, f"model.param_dtype must be one of {list(PARAM_DTYPES)}, got {self.param_dtype!r}"),
         ]  # fmt: skip
@@ -96,6 +99,9 @@ class GRPOModule(L.LightningModule):
         rollout_temperature: the sampling temperature; log-probs are computed at the same temperature.
         param_dtype: ``float32``, or ``bfloat16`` for mixed precision (fp32 master weights and reductions).
         gradient_checkpointing: recompute activations in backward to save memory.
+        logprob_chunk_tokens: the output head runs on the trained tokens only, this many at a time, and its
+            logits are recomputed in backward (see :mod:`lit_agentrl.logprobs`); 0 computes full logits at every
+            position, as the model's own forward does (more memory, no recomputation).
     """
 
     def __init__(
@@ -119,11 +125,12 @@ class GRPOModule(L.LightningModule):
         rollout_temperature: float = 1.0,
         param_dtype: Literal["float32", "bfloat16"] = "float32",
         gradient_checkpointing: bool = False,
+        logprob_chunk_tokens: int = 1024,
     ) -> None:
         super().__init__()
         self.update = UpdateSettings(
             lr, weight_decay, (betas[0], betas[1]), warmup_steps, lr_schedule, normalize_advantage_std, mini_batches,
-            micro_batch_tokens, sequence_packing, grad_clip, param_dtype, gradient_checkpointing,
+            micro_batch_tokens, sequence_packing, grad_clip, param_dtype, gradient_checkpointing, logprob_chunk_tokens,
         )  # fmt: skip
         self.objective = Objective(
             clip_ratio_low, clip_ratio_high, kl_coef, entropy_coef, loss_aggregation, temperature=rollout_temperature
@@ -159,6 +166,7 @@ class GRPOModule(L.LightningModule):
             self.reference = models[1].requires_grad_(False).eval()
         if self.update.sequence_packing:
             check_packing_support(self.model)
+        check_chunked_head(self.model, self.update.logprob_chunk_tokens)
 
     def _prepare(self, models: list[PreTrainedModel]) -> None:
         if self.update.gradient_checkpointing:
@@ -259,12 +267,24 @@ class GRPOModule(L.LightningModule):
         return result
 
     def _micro_loss(self, micro: MicroBatch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
-        logits = self.policy(**micro.model_inputs()).logits
-        reference_logits = None
+        policy = self._token_logprobs(self.policy, micro, with_entropy=True)
+        reference = None
         if self.reference is not None:
             with torch.no_grad():
-                reference_logits = self.reference(**micro.model_inputs()).logits
-        return micro_batch_loss(self.objective, micro, logits, scale, reference_logits)
+                reference = self._token_logprobs(self.reference, micro, with_entropy=False).logprobs
+        return micro_batch_loss(self.objective, micro, policy, scale, reference)
+
+    def _token_logprobs(self, model: PreTrainedModel, micro: MicroBatch, with_entropy: bool) -> TokenLogProbs:
+        return model_token_logprobs(
+            model,
+            micro.model_inputs(),
+            micro.targets,
+            micro.loss_mask > 0,
+            self.objective.temperature,
+            self.update.logprob_chunk_tokens,
+            with_entropy=with_entropy,
+            entropy_grad=self.objective.entropy_coef > 0,
+        )
 
     def _dummy_loss(self) -> torch.Tensor:
         """A zero loss through the whole model, so a rank with no work still joins FSDP's collectives."""

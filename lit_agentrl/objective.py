@@ -1,8 +1,9 @@
 """The GRPO objective: its settings, validated once, and the loss of one micro-batch from its logits.
 
 :class:`Objective` holds what shapes the loss (clip range, KL and entropy weights, aggregation, temperature);
-:func:`micro_batch_loss` turns a micro-batch's logits (and the reference model's) into the loss and its
-statistics. ``GRPOModule`` calls it for every micro-batch; tests call it without a Trainer.
+:func:`micro_batch_loss` turns a micro-batch's token log-probs and entropy (and the reference model's log-probs)
+into the loss and its statistics. ``GRPOModule`` computes those (:mod:`lit_agentrl.logprobs`) and calls it for
+every micro-batch; tests call it without a Trainer.
 
 A new variant is one function plus one config value: a loss aggregation is a function registered in
 :data:`lit_agentrl.losses.AGGREGATIONS` and named by ``model.loss_aggregation``; a new term is a field here
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from lit_agentrl.batching import MicroBatch, TrainingSample
-from lit_agentrl.losses import AGGREGATIONS, LossScale, aggregate, clipped_policy_loss, kl_to_reference, token_logprobs
+from lit_agentrl.losses import AGGREGATIONS, LossScale, TokenLogProbs, aggregate, clipped_policy_loss, kl_to_reference
 
 
 @dataclass(frozen=True)
@@ -75,23 +76,24 @@ def loss_scale(samples: Sequence[TrainingSample]) -> LossScale:
 def micro_batch_loss(
     objective: Objective,
     micro: MicroBatch,
-    logits: torch.Tensor,
+    policy: TokenLogProbs,
     scale: LossScale,
-    reference_logits: torch.Tensor | None = None,
+    reference_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one micro-batch, scaled so that a mini-batch's micro-batch losses add up to its loss.
 
-    logits, reference_logits: [R, W, V] for ``micro``'s rows. Statistics are sums over the micro-batch's
-    trained tokens (``train/entropy``, ``train/clip_frac``, ...), to be divided by the mini-batch's token
-    count, except ``train/loss``, which is this micro-batch's share of the mini-batch's loss.
+    policy: the policy's log-probs and entropy of ``micro``'s targets, [R, W] each, computed at
+    ``objective.temperature`` (with a graph on the entropy when ``entropy_coef > 0``); reference_logprobs: the
+    reference model's, [R, W]. Statistics are sums over the micro-batch's trained tokens (``train/entropy``,
+    ``train/clip_frac``, ...), to be divided by the mini-batch's token count, except ``train/loss``, which is this
+    micro-batch's share of the mini-batch's loss.
     """
     mask, index, how = micro.loss_mask, micro.sequence_index, objective.loss_aggregation
-    out = token_logprobs(
-        logits, micro.targets, objective.temperature, with_entropy=True, entropy_grad=objective.entropy_coef > 0
-    )
-    assert out.entropy is not None  # with_entropy=True
-    loss, policy = clipped_policy_loss(
-        out.logprobs,
+    logprobs, entropy = policy
+    if entropy is None:
+        raise ValueError("micro_batch_loss needs the policy's entropy (token_logprobs(..., with_entropy=True))")
+    loss, clip = clipped_policy_loss(
+        logprobs,
         micro.old_logprobs,
         micro.advantages,
         mask,
@@ -103,19 +105,17 @@ def micro_batch_loss(
     )
     n_tokens = float(mask.sum())
     stats = {
-        "train/entropy": float((out.entropy.detach() * mask).sum()),
-        "train/clip_frac": float(policy.clip_frac) * n_tokens,
-        "train/ratio_mean": float(policy.ratio_mean) * n_tokens,
-        "train/approx_kl": float(policy.approx_kl) * n_tokens,
+        "train/entropy": float((entropy.detach() * mask).sum()),
+        "train/clip_frac": float(clip.clip_frac) * n_tokens,
+        "train/ratio_mean": float(clip.ratio_mean) * n_tokens,
+        "train/approx_kl": float(clip.approx_kl) * n_tokens,
     }
     if objective.entropy_coef > 0:
-        loss = loss - objective.entropy_coef * aggregate(out.entropy, mask, how, scale, index)
+        loss = loss - objective.entropy_coef * aggregate(entropy, mask, how, scale, index)
     if objective.needs_reference:
-        if reference_logits is None:
-            raise ValueError(f"kl_coef={objective.kl_coef} needs the reference model's logits")
-        with torch.no_grad():
-            reference = token_logprobs(reference_logits, micro.targets, objective.temperature).logprobs
-        kl = kl_to_reference(out.logprobs, reference)
+        if reference_logprobs is None:
+            raise ValueError(f"kl_coef={objective.kl_coef} needs the reference model's log-probs")
+        kl = kl_to_reference(logprobs, reference_logprobs.detach())
         loss = loss + objective.kl_coef * aggregate(kl, mask, how, scale, index)
         stats["train/kl"] = float((kl.detach() * mask).sum())
     stats["train/loss"] = float(loss.detach())

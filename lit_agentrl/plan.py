@@ -10,10 +10,11 @@ read), then models what the code does *today*:
   to the end of backward (FSDP2 does not reshard the root after forward), and so does its unsharded gradient.
   ``kl_coef > 0`` adds a frozen fp32 reference, sharded the same way, and its logits.
 * Activations per micro-batch of ``micro_batch_tokens`` tokens: see :func:`layer_activation_bytes_per_token`.
-* The log-probs (``lit_agentrl.losses.token_logprobs``): full-vocabulary logits for every token in
-  ``param_dtype``, their fp32 upcast (kept for the backward of ``logsumexp``), and two more [tokens, vocab]
-  fp32 temporaries (the entropy's ``exp(s - z)`` and its product with ``s``; in backward, the gradients of
-  ``gather`` and ``logsumexp``).
+* The log-probs (``lit_agentrl.logprobs``). Chunked (``logprob_chunk_tokens > 0``, the default): one chunk's
+  logits in ``param_dtype``, their fp32 upcast, the entropy's two fp32 temporaries, and in backward's
+  recomputation the logits' fp32 and ``param_dtype`` gradients; nothing [tokens, vocab] is kept. Full
+  (``logprob_chunk_tokens: 0``): logits for every token in ``param_dtype``, their fp32 upcast (kept for the
+  backward of ``logsumexp``), and two more [tokens, vocab] fp32 temporaries.
 * SGLang on the same GPU (``colocate``): weights in its dtype, and a KV cache of
   ``mem_fraction_static x GPU memory - weights``; released during training when ``enable_memory_saver``.
 * The trainer's CUDA caching allocator: in colocated mode ``RolloutCallback`` empties it before SGLang resumes
@@ -70,6 +71,7 @@ class PlanInputs(ModelShapes):
     data_parallel_size: int = 1
     gpu_memory: int = 80 * GB
     micro_batch_tokens: int = 16384
+    logprob_chunk_tokens: int = 1024  # 0: full logits
     gradient_checkpointing: bool = False
     sequence_packing: bool = True
     kl_coef: float = 0.0
@@ -177,9 +179,15 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     f["activations, checkpointing"] = t * (x.num_layers * b * x.hidden_size + per_layer + outside)
     f["packed attention mask (1 row)"] = t * t if x.sequence_packing else 0
     upcasts = 2 if x.temperature != 1.0 else 1
-    f["logits (param dtype + fp32)"] = t * v * (b + 4 * upcasts)
-    f["log-prob/entropy temporaries"] = 2 * t * v * 4
-    f["reference logits"] = t * v * b if x.kl_coef > 0 else 0
+    if x.logprob_chunk_tokens > 0:
+        chunk = min(x.logprob_chunk_tokens, t)
+        f["logits (param dtype + fp32)"] = 0
+        f["log-prob chunk (logits, temporaries, grads)"] = chunk * v * (2 * b + 4 * upcasts + 2 * 4 + 4)
+        f["reference logits"] = 0
+    else:
+        f["logits (param dtype + fp32)"] = t * v * (b + 4 * upcasts)
+        f["log-prob/entropy temporaries"] = 2 * t * v * 4
+        f["reference logits"] = t * v * b if x.kl_coef > 0 else 0
     engine_on_gpu = x.engine in COLOCATED_ENGINES
     fraction = x.mem_fraction_static if x.mem_fraction_static is not None else SGLANG_DEFAULT_MEM_FRACTION
     engine_total = int(fraction * x.gpu_memory) if engine_on_gpu else 0
@@ -206,7 +214,8 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
         + activations
         + f["packed attention mask (1 row)"]
         + f["logits (param dtype + fp32)"]
-        + f["log-prob/entropy temporaries"]
+        + f.get("log-prob/entropy temporaries", 0)
+        + f.get("log-prob chunk (logits, temporaries, grads)", 0)
         + f["reference logits"]
     )
     # AdamW (foreach) keeps about one more fp32 shard of temporaries during the step.
@@ -335,6 +344,7 @@ def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> Pla
         data_parallel_size=dp,
         gpu_memory=gpu_memory,
         micro_batch_tokens=int(model["micro_batch_tokens"]),
+        logprob_chunk_tokens=int(model["logprob_chunk_tokens"]),
         gradient_checkpointing=bool(model["gradient_checkpointing"]),
         sequence_packing=bool(model["sequence_packing"]),
         kl_coef=float(model["kl_coef"]),

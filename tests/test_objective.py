@@ -22,7 +22,9 @@ LOGITS = torch.zeros(2, 2, 2)
 
 def loss_of(objective: Objective, reference_logits: torch.Tensor | None = None) -> tuple[float, dict[str, float]]:
     micro = collate([[s] for s in SAMPLES], pad_id=0)
-    loss, stats = micro_batch_loss(objective, micro, LOGITS, loss_scale(SAMPLES), reference_logits)
+    policy = losses.token_logprobs(LOGITS, micro.targets, objective.temperature, with_entropy=True)
+    reference = None if reference_logits is None else losses.token_logprobs(reference_logits, micro.targets).logprobs
+    loss, stats = micro_batch_loss(objective, micro, policy, loss_scale(SAMPLES), reference)
     return float(loss), stats
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import lit_agentrl.module as module_file
 import lit_agentrl.objective as objective_file
 from lit_agentrl.agents.guess_digit import GuessDigitAgentGraph
 from lit_agentrl.batching import TrainingSample, collate, plan_micro_batches, prepare_samples
-from lit_agentrl.losses import token_logprobs
 from lit_agentrl.module import GRPOModule
+from lit_agentrl.objective import micro_batch_loss
 from lit_agentrl.types import Trajectory
 
 SECRET = 7
@@ -58,13 +59,12 @@ def logprob_grads(module: GRPOModule, samples: list[TrainingSample], plans, monk
     """d loss / d log-prob of every token of every sample, through the module's own micro-batch loss."""
     seen: list[torch.Tensor] = []
 
-    def spy(*args, **kwargs):
-        out = token_logprobs(*args, **kwargs)
-        out.logprobs.retain_grad()
-        seen.append(out.logprobs)
-        return out
+    def spy(objective, micro, policy, *args, **kwargs):
+        policy.logprobs.retain_grad()
+        seen.append(policy.logprobs)
+        return micro_batch_loss(objective, micro, policy, *args, **kwargs)
 
-    monkeypatch.setattr(objective_file, "token_logprobs", spy)
+    monkeypatch.setattr(module_file, "micro_batch_loss", spy)
     scale = objective_file.loss_scale(samples)
     grads: dict[int, torch.Tensor] = {}
     for plan in plans:
