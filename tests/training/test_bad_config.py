@@ -99,3 +99,10 @@ def test_bad_callback_arguments(kwargs, fragment):
 def test_bad_module_arguments(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         GRPOModule(model_path="unused", **kwargs)
+
+
+def test_bf16_without_a_device_mesh_is_refused_not_ignored(quickstart_model_dir):
+    """bf16 is FSDP2's mixed precision; without the strategy it used to train in fp32 silently."""
+    module = GRPOModule(str(quickstart_model_dir), param_dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"model\.param_dtype=bfloat16 .* no device mesh.*ModelParallelStrategy"):
+        module.configure_model()
