@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import os
@@ -9,17 +10,18 @@ import time
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import AutoTokenizer
 
 from lit_agentrl.agents.registry import import_modules
+from lit_agentrl.callbacks.colocation import ColocatedCycle, PhaseMemory
 from lit_agentrl.engines import RolloutEngine, SamplingParams, build_engines
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.metrics import RolloutMetrics
 from lit_agentrl.module import GRPOModule
+from lit_agentrl.offload import TrainerOffload
 from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.types import RolloutBatch
 
@@ -45,8 +47,11 @@ class RolloutCallback(Callback):
         sync_bucket_mb: size of the weight-sync buckets.
         max_failed_fraction: stop the run when more than this fraction of a step's trajectories (over all
             ranks) failed, quoting the most common reasons, instead of training on what is left.
-        colocate: the engine shares the trainer's GPU: release its memory (weights and KV cache) after
-            each rollout and resume it around the weight sync (needs SGLang's ``enable_memory_saver``).
+        colocate: the engine shares the trainer's GPU: its memory (weights and KV cache) is released outside
+            rollouts and resumed around the weight sync (needs SGLang's ``enable_memory_saver``); see
+            :mod:`lit_agentrl.callbacks.colocation`. The sync then runs before each rollout, not after each step.
+        offload_trainer: in colocated mode, move the trainer's parameters and optimizer state (and the reference's)
+            to host memory while the engine generates (default: on when ``colocate`` is; needs ``colocate``).
 
     The reward function is the data module's ``reward_fn``. Example (YAML, under ``trainer.callbacks``)::
 
@@ -69,6 +74,7 @@ class RolloutCallback(Callback):
         sync_bucket_mb: int = 512,
         max_failed_fraction: float = 0.5,
         colocate: bool = False,
+        offload_trainer: bool | None = None,
     ) -> None:
         if n_samples < 1 or val_n_samples < 1:
             raise ValueError(f"n_samples and val_n_samples must be >= 1, got {n_samples} and {val_n_samples}")
@@ -76,6 +82,11 @@ class RolloutCallback(Callback):
             raise ValueError(f"max_failed_fraction must be in [0, 1], got {max_failed_fraction}")
         if sync_bucket_mb < 1:
             raise ValueError(f"sync_bucket_mb must be >= 1, got {sync_bucket_mb}")
+        if offload_trainer and not colocate:
+            raise ValueError(
+                "RolloutCallback.offload_trainer needs colocate: true (the trainer's states leave the GPU only to make "
+                "room for an engine on the same GPU)"
+            )
         self.sampling = SamplingParams.from_dict(sampling_params, where="RolloutCallback.sampling_params")
         SamplingParams.from_dict(val_sampling_params, where="RolloutCallback.val_sampling_params")
         self.engine_name = engine
@@ -89,13 +100,14 @@ class RolloutCallback(Callback):
         self.check_template_drift = check_template_drift
         self.sync_bucket_bytes = sync_bucket_mb << 20
         self.colocate = colocate
+        self.offload_trainer = colocate if offload_trainer is None else offload_trainer
+        self.cycle: ColocatedCycle | None = None
         self.max_failed_fraction = max_failed_fraction
         self.engines: list[RolloutEngine] = []
         self.manager: RolloutManager | None = None
         self.metrics = RolloutMetrics()
         self.totals = {"rollouts": 0, "trajectories": 0, "failed": 0, "syncs": 0}
         self._needs_sync = False
-        self._released = False
         self._base_seed = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -129,6 +141,9 @@ class RolloutCallback(Callback):
             ),  # a user's data module may have none
             check_template_drift=self.check_template_drift,
         )
+        if self.colocate:  # the trainer loads on a free GPU; the first rollout resumes the engine and pushes weights
+            for engine in self.engines:
+                engine.release_memory_occupation(tags=["kv_cache", "weights"])
         self.metrics.to(pl_module.device)
         # Everything loaded so far (torch, transformers, LangGraph, the models) lives for the whole run: keep it out
         # of the garbage collector's full passes, which otherwise rescan it during every rollout's agent work
@@ -149,22 +164,27 @@ class RolloutCallback(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        memory = PhaseMemory(pl_module.device)
+        memory.start()
         self._prepare_engines(trainer, pl_module)
+        phases = memory.finish("sync")
         self._reseed(trainer, "train")
+        memory.start()
         start, busy = time.perf_counter(), self._engine_busy_seconds()
         rollout = batch.rollout = self._manager().generate(batch.rows, self.n_samples, self.sampling_params)
         seconds = time.perf_counter() - start
         busy_after = self._engine_busy_seconds()
         if busy is not None and busy_after is not None:
             pl_module.log("time/generation_s", busy_after - busy, on_step=True, batch_size=1)
-        if self.colocate:  # the training step gets the memory; SGLang needs an idle engine for this
-            for engine in self.engines:
-                engine.release_memory_occupation(tags=["kv_cache", "weights"])
-            self._released = True
+        phases.update(memory.finish("rollout"))
+        if self.cycle is not None:  # the training step gets the memory back (SGLang needs an idle engine for this)
+            phases["memory/offloaded_gb"] = self.cycle.offloaded_gb
+            self.cycle.leave()
+        memory.start()  # the training step's peak, logged at its end
         metrics = self.metrics.compute(rollout.trajectories, seconds)
         self._count(rollout)
         self._check_failures(metrics, rollout)
-        pl_module.log_dict(metrics, on_step=True, batch_size=1)
+        pl_module.log_dict({**metrics, **phases}, on_step=True, batch_size=1)
         pl_module.log(
             "rollout/reward", metrics["rollout/reward_mean"], on_step=True, prog_bar=True, logger=False, batch_size=1
         )
@@ -174,10 +194,10 @@ class RolloutCallback(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        start = time.perf_counter()
+        pl_module.log_dict(PhaseMemory(pl_module.device).finish("train"), on_step=True, batch_size=1)
         self._needs_sync = True
-        self._prepare_engines(trainer, pl_module)
-        pl_module.log("time/sync_s", time.perf_counter() - start, on_step=True, batch_size=1)
+        if not self.colocate:  # colocated: before the next rollout, in the window that gives the engine the GPU
+            self._prepare_engines(trainer, pl_module)
 
     # ------------------------------------------------------------------ validation
 
@@ -187,6 +207,10 @@ class RolloutCallback(Callback):
         self._prepare_engines(trainer, pl_module)
         self._reseed(trainer, f"val-{batch_idx}")
         batch.rollout = self._manager().generate(batch.rows, self.val_n_samples, self.val_sampling_params)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.cycle is not None:  # the trainer resident again before checkpoints and training run
+            self.cycle.leave()
 
     def _manager(self) -> RolloutManager:
         if self.manager is None:
@@ -207,25 +231,35 @@ class RolloutCallback(Callback):
     # ------------------------------------------------------------------ weight sync
 
     def _prepare_engines(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Bring the engines up to date before they generate: resume memory, then sync weights if stale.
+        """Bring the engines up to date before they generate: sync the weights if stale, and in colocated mode open
+        a generation window (the engine's memory back, the trainer's states out; a no-op while one is open)."""
+        cycle = self._colocation(trainer, pl_module)
+        if cycle is not None and not cycle.open:
+            self._needs_sync |= cycle.released  # SGLang dropped its weights with its memory
+            cycle.enter(functools.partial(self._sync_if_needed, trainer, pl_module))
+        else:
+            self._sync_if_needed(trainer, pl_module)
 
-        SGLang's order in colocated mode: weights back, weights updated, then the KV cache back. Before each resume
-        the trainer's allocator hands back the memory it cached at its training peak (and the sync's buckets), or
-        SGLang would find it taken.
-        """
-        if self._released:
-            release_cached_memory(pl_module.device)
-            for engine in self.engines:
-                engine.resume_memory_occupation(tags=["weights"])
+    def _colocation(self, trainer: L.Trainer, pl_module: L.LightningModule) -> ColocatedCycle | None:
+        """Colocated mode's cycle, built on first use (the model and optimizer exist only after setup)."""
+        if not self.colocate:
+            return None
+        if self.cycle is None:
+            module, states = _grpo_module(pl_module), []
+            if self.offload_trainer:
+                optimizer = trainer.optimizers[0] if trainer.optimizers else None  # none when only validating
+                states.append(TrainerOffload(module.policy, optimizer, module.device))
+                if module.reference is not None:
+                    states.append(TrainerOffload(module.reference, None, module.device))
+            self.cycle = ColocatedCycle(self.engines, module.device, states, released=True)  # released at setup
+        return self.cycle
+
+    def _sync_if_needed(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._needs_sync:
             self._sync(trainer, pl_module)
-        if self._released:
-            release_cached_memory(pl_module.device)
-            for engine in self.engines:
-                engine.resume_memory_occupation(tags=["kv_cache"])
-            self._released = False
 
     def _sync(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        start = time.perf_counter()
         shared = any(engine.shared for engine in self.engines)
         sync_weights(
             _grpo_module(pl_module).policy,
@@ -237,6 +271,8 @@ class RolloutCallback(Callback):
             trainer.strategy.barrier("rollout_weight_sync")
         self.totals["syncs"] += 1
         self._needs_sync = False
+        if trainer.training:
+            pl_module.log("time/sync_s", time.perf_counter() - start, on_step=True, batch_size=1)
 
     def _check_failures(self, metrics: dict[str, float], rollout: RolloutBatch) -> None:
         """Stop when too many trajectories failed; every rank sees the same global counts, so all stop."""
@@ -286,9 +322,3 @@ def _grpo_module(pl_module: L.LightningModule) -> GRPOModule:
     if not isinstance(pl_module, GRPOModule):
         raise TypeError(f"RolloutCallback trains a GRPOModule, not a {type(pl_module).__name__}")
     return pl_module
-
-
-def release_cached_memory(device: torch.device) -> None:
-    """Return the trainer's cached, unused accelerator memory to the device (a no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.empty_cache()

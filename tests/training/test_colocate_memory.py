@@ -1,5 +1,5 @@
-"""Colocated mode: the trainer's cached accelerator memory is handed back before SGLang resumes its weights and
-its KV cache (otherwise SGLang would find the trainer's training peak still reserved), and never on CPU."""
+"""Colocated mode's memory cycle (lit_agentrl.callbacks.colocation): the order in which the trainer and the engine
+hand the GPU to each other, and a whole colocated fit on CPU that trains exactly what a plain one trains."""
 
 from __future__ import annotations
 
@@ -7,13 +7,18 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
+from safetensors.torch import load_file
+from support import quick_config, read_csv
 
 from lit_agentrl.callbacks import RolloutCallback
+from lit_agentrl.callbacks.colocation import ColocatedCycle
+from lit_agentrl.cli import main
 from lit_agentrl.engines import RolloutEngine
 from lit_agentrl.module import GRPOModule
 
 
-class ResumeRecorder(RolloutEngine):
+class RecordingEngine(RolloutEngine):
     def __init__(self, events: list[str]) -> None:
         self.events = events
 
@@ -26,16 +31,120 @@ class ResumeRecorder(RolloutEngine):
     def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
         self.events.append(f"resume {','.join(tags or [])}")
 
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.events.append(f"release {','.join(tags or [])}")
 
-@pytest.mark.parametrize("device, emptied", [(torch.device("cuda", 0), True), (torch.device("cpu"), False)])
-def test_cache_is_emptied_before_each_resume(device, emptied, monkeypatch):
-    events: list[str] = []
+
+class RecordingState:
+    """Stands in for a TrainerOffload: records which part moves when."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events, self.offloaded_bytes = events, 0
+
+    def offload_optimizer(self) -> int:
+        self.events.append("offload optimizer")
+        return 0
+
+    def offload_parameters(self) -> int:
+        self.events.append("offload parameters")
+        self.offloaded_bytes = 10**9
+        return 0
+
+    def restore(self) -> int:
+        self.events.append("restore")
+        self.offloaded_bytes = 0
+        return 0
+
+
+def cycle(device: str, events: list[str], monkeypatch) -> ColocatedCycle:
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
-    callback = RolloutCallback(colocate=True)
-    callback.engines = [ResumeRecorder(events)]
-    callback._released = True  # as after a rollout in colocated mode
+    return ColocatedCycle([RecordingEngine(events)], torch.device(device), [RecordingState(events)])  # type: ignore[list-item]
+
+
+def test_a_window_offloads_the_trainer_around_the_sync_and_gives_the_engine_its_memory(monkeypatch):
+    events: list[str] = []
+    colocated = cycle("cuda", events, monkeypatch)
+    colocated.enter(sync=lambda: events.append("sync"))  # an engine that was never released: nothing to resume
+    assert events == ["offload optimizer", "sync", "offload parameters", "empty_cache"]
+    assert colocated.open and colocated.offloaded_gb == 1.0
+    events.clear()
+    colocated.leave()
+    assert events == ["release kv_cache,weights", "restore"] and not colocated.open
+    events.clear()
+    colocated.leave()  # closing a closed window does nothing
+    assert events == []
+    colocated.enter(sync=lambda: events.append("sync"))
+    assert events == [
+        "offload optimizer",  # not needed by the sync, and the largest part
+        "empty_cache",  # the trainer's cached peak goes back before SGLang takes its weights
+        "resume weights",
+        "sync",  # the parameters are still on the GPU for the gather
+        "offload parameters",
+        "empty_cache",
+        "resume kv_cache",
+    ]
+
+
+def test_on_cpu_no_cache_is_emptied(monkeypatch):
+    events: list[str] = []
+    colocated = cycle("cpu", events, monkeypatch)
+    colocated.enter(sync=lambda: None)
+    colocated.leave()
+    colocated.enter(sync=lambda: None)
+    assert "empty_cache" not in events and events.count("resume weights") == 1
+
+
+def test_every_window_after_a_release_pushes_the_weights_again():
+    """SGLang drops released weights: a validation window right after a training rollout (no update in between)
+    must still push them, and so must the first window after setup, where the engine is released at once."""
+    events: list[str] = []
+    callback = RolloutCallback(colocate=True, offload_trainer=False)
+    callback.engines = [RecordingEngine(events)]
+
+    def sync(trainer: Any, pl_module: Any) -> None:
+        events.append("sync")
+        callback._needs_sync = False
+
+    callback._sync = sync  # type: ignore[method-assign]
     module = GRPOModule("unused")
-    module._device = device  # where the strategy put the module; nothing is allocated there
-    callback._prepare_engines(trainer=None, pl_module=module)  # type: ignore[arg-type]  # no sync is pending
-    expected = ["empty_cache", "resume weights", "empty_cache", "resume kv_cache"]
-    assert events == (expected if emptied else [e for e in expected if e != "empty_cache"])
+    callback._prepare_engines(trainer=None, pl_module=module)  # type: ignore[arg-type]
+    assert events == ["resume weights", "sync", "resume kv_cache"]
+    callback._prepare_engines(trainer=None, pl_module=module)  # type: ignore[arg-type]  # the window is open
+    assert events.count("sync") == 1
+    assert callback.cycle is not None
+    callback.cycle.leave()
+    events.clear()
+    callback._prepare_engines(trainer=None, pl_module=module)  # type: ignore[arg-type]
+    assert events == ["resume weights", "sync", "resume kv_cache"]
+
+
+def test_offload_trainer_needs_colocate():
+    with pytest.raises(ValueError, match="offload_trainer needs colocate: true"):
+        RolloutCallback(offload_trainer=True)
+    assert RolloutCallback(colocate=True).offload_trainer and not RolloutCallback().offload_trainer
+    assert not RolloutCallback(colocate=True, offload_trainer=False).offload_trainer
+
+
+@pytest.mark.slow
+def test_a_colocated_fit_trains_what_a_plain_fit_trains(tmp_path, quickstart_model_dir):
+    """The transformers engine on CPU, colocated: the trainer's states go to (other) host memory during every
+    rollout and validation, and come back bit-exactly; the sync moves to the start of the next step."""
+    weights, rows = {}, {}
+    for colocate in (False, True):
+        run = tmp_path / f"colocate-{colocate}"
+        run.mkdir()
+        config = quick_config(run, quickstart_model_dir, steps=3, val_check_interval=2, check_val_every_n_epoch=None)
+        settings = yaml.safe_load(config.read_text())
+        settings["trainer"]["callbacks"][0]["init_args"]["colocate"] = colocate
+        settings["trainer"]["callbacks"].append(
+            {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": str(run / "export")}}
+        )
+        config.write_text(yaml.safe_dump(settings))
+        main(["fit", "--config", str(config)])
+        rows[colocate] = [r for r in read_csv(next((run / "logs").rglob("metrics.csv"))) if r.get("train/loss")]
+        weights[colocate] = load_file(next((run / "export" / "final").glob("*.safetensors")))
+    assert weights[True].keys() == weights[False].keys()
+    assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[False])
+    assert [r["train/loss"] for r in rows[True]] == [r["train/loss"] for r in rows[False]]
+    assert all(float(r["memory/offloaded_gb"]) > 0 for r in rows[True])
+    assert all("memory/offloaded_gb" not in r or r["memory/offloaded_gb"] in ("", None) for r in rows[False])
