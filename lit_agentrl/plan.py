@@ -19,7 +19,9 @@ read), then models what the code does *today*:
   ``mem_fraction_static x GPU memory - weights``; released during training when ``enable_memory_saver``.
 * The trainer's CUDA caching allocator: in colocated mode ``RolloutCallback`` empties it before SGLang resumes
   (``torch.cuda.empty_cache()``), so only the sharded states stay; otherwise the memory reserved at the training
-  peak stays reserved beside SGLang's (``PlanInputs.trainer_cache_released``).
+  peak stays reserved beside SGLang's (``PlanInputs.trainer_cache_released``). With ``offload_trainer`` (on by
+  default in colocated mode) the sharded parameters and AdamW states leave the GPU while SGLang generates
+  (``lit_agentrl.callbacks.colocation``): the AdamW states before the weight sync, the parameters after it.
 * Host memory at load: under FSDP2 (more than one rank) rank 0 alone reads one fp32 copy on the CPU and broadcasts
   it, each rank keeping its shards (``lit_agentrl.loading``); one process loads each model whole (twice with a
   reference).
@@ -87,6 +89,8 @@ class PlanInputs(ModelShapes):
     max_new_tokens: int = 128
     ranks_per_node: int = 1
     trainer_cache_released: bool = False  # torch.cuda.empty_cache() runs before each rollout (colocated mode)
+    trainer_offloaded: bool = False  # parameters and AdamW states in host memory while SGLang generates
+    sync_bucket_mb: int = 512
 
 
 @dataclass
@@ -226,13 +230,21 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     # Between steps the gradients are freed (zero_grad(set_to_none=True)), but the caching allocator keeps what
     # the trainer reserved at its peak unless the cache is emptied.
     trainer_idle = sharded if x.trainer_cache_released else max(trainer_training, trainer_optimizer)
-    phases["generation"] = trainer_idle + engine_total
+    # The weight sync (colocated: SGLang's weights resumed, its KV cache not yet; AdamW states already offloaded):
+    # the sharded parameters, one bucket of gathered full tensors and its flattened copy.
+    offloaded = x.colocate and x.trainer_offloaded
+    f["weight-sync buckets (2 x bucket)"] = 2 * x.sync_bucket_mb * 2**20
+    trainer_sync = (f["parameters (fp32, sharded)"] if offloaded else trainer_idle) + f[
+        "weight-sync buckets (2 x bucket)"
+    ]
+    phases["weight sync"] = trainer_sync + (engine_weights if released else engine_total)
+    phases["generation"] = (0 if offloaded else trainer_idle) + engine_total
     phases["training"] = trainer_training + engine_in_training
     phases["optimizer step"] = trainer_optimizer + engine_in_training
 
     reasons: list[str] = []
     warnings: list[str] = []
-    for phase in ("generation", "training", "optimizer step"):
+    for phase in phases:
         if phases[phase] > x.gpu_memory:
             reasons.append(
                 f"the {phase} phase needs {phases[phase] / GB:.1f} GB per GPU, more than the {x.gpu_memory / GB:.0f} GB "
@@ -353,6 +365,10 @@ def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> Pla
         engine=str(rollout["engine"]),
         colocate=bool(rollout["colocate"]),
         trainer_cache_released=bool(rollout["colocate"]),  # RolloutCallback empties the cache before SGLang resumes
+        trainer_offloaded=bool(
+            rollout["colocate"] if rollout["offload_trainer"] is None else rollout["offload_trainer"]
+        ),
+        sync_bucket_mb=int(rollout["sync_bucket_mb"]),
         mem_fraction_static=engine_kwargs.get("mem_fraction_static"),
         enable_memory_saver=bool(engine_kwargs.get("enable_memory_saver", False)),
         prompts_per_step=int(data["prompts_per_step"]),
