@@ -137,7 +137,10 @@ def test_a_colocated_fit_trains_what_a_plain_fit_trains(tmp_path, quickstart_mod
         settings = yaml.safe_load(config.read_text())
         settings["trainer"]["callbacks"][0]["init_args"]["colocate"] = colocate
         settings["trainer"]["callbacks"].append(
-            {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": str(run / "export")}}
+            {
+                "class_path": "lit_agentrl.callbacks.export.HFExportCallback",
+                "init_args": {"dirpath": str(run / "export")},
+            }
         )
         config.write_text(yaml.safe_dump(settings))
         main(["fit", "--config", str(config)])
