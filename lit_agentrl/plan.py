@@ -186,7 +186,10 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     if x.logprob_chunk_tokens > 0:
         chunk = min(x.logprob_chunk_tokens, t)
         f["logits (param dtype + fp32)"] = 0
-        f["log-prob chunk (logits, temporaries, grads)"] = chunk * v * (2 * b + 4 * upcasts + 2 * 4 + 4)
+        # The chunk's logits in b and their fp32 upcast (none when b is fp32 and the temperature 1), the entropy's
+        # two fp32 temporaries, and in backward's recomputation the logits' fp32 gradient and its cast to b.
+        upcast = 4 * upcasts if b < 4 else 4 * (upcasts - 1)
+        f["log-prob chunk (logits, temporaries, grads)"] = chunk * v * (2 * b + upcast + 2 * 4 + 4)
         f["reference logits"] = 0
     else:
         f["logits (param dtype + fp32)"] = t * v * (b + 4 * upcasts)

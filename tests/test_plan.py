@@ -257,3 +257,40 @@ def test_the_one_gpu_smoke_config_fits_one_80_gb_gpu(tmp_path: Path):
     assert 0.5e9 < inputs.num_params < 0.7e9 and inputs.data_parallel_size == 1
     plan = plan_memory(inputs)
     assert plan.fits, plan.reasons
+
+
+CHUNK_PEAK = """
+import sys, torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM, Qwen3Config
+from lit_agentrl.logprobs import model_token_logprobs
+
+tokens, chunk = int(sys.argv[1]), int(sys.argv[2])
+config = Qwen3Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+model = AutoModelForCausalLM.from_config(config).float()
+ids = torch.randint(0, 151936, (1, tokens))
+positions = torch.ones(1, tokens, dtype=torch.bool)
+def kib(field):
+    return next(int(l.split()[1]) for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(field))
+Path("/proc/self/clear_refs").write_text("5")
+before = kib("VmRSS:")
+out = model_token_logprobs(model, {"input_ids": ids, "use_cache": False}, ids, positions, chunk_tokens=chunk)
+out.logprobs.sum().backward()
+print((kib("VmHWM:") - before) * 1024)
+"""
+
+
+def test_the_log_prob_chunk_equals_the_measured_peak_of_a_chunked_pass():
+    """Peak host memory of a real chunked forward and backward on CPU (fp32, Qwen3's vocabulary), in a fresh
+    process, against the planner's chunk figure (the model's own activations here are a few MB)."""
+    import subprocess
+    import sys
+
+    tokens, chunk = 2048, 512
+    done = subprocess.run([sys.executable, "-c", CHUNK_PEAK, str(tokens), str(chunk)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = int(done.stdout.strip().splitlines()[-1])
+    inputs = small_inputs(vocab_size=151936, micro_batch_tokens=tokens, logprob_chunk_tokens=chunk)
+    planned = plan_memory(inputs).figures["log-prob chunk (logits, temporaries, grads)"]
+    assert planned == pytest.approx(measured, rel=0.15)
