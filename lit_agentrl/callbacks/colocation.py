@@ -56,16 +56,25 @@ class ColocatedCycle:
     """Opens and closes the generation windows of colocated mode (see the module's docstring).
 
     Args:
-        engines: this rank's engines (SGLang's, started with ``enable_memory_saver``).
+        engines: the engines this rank owns (SGLang's, started with ``enable_memory_saver``).
         device: the trainer's device.
         states: the trainer's parts to offload in a window (the policy with its optimizer, the reference); empty
             keeps them on the GPU.
+        released: the engines' memory is released now.
+        barrier: for engines shared by several ranks: waits for every rank, so that no rank generates before the
+            owner has resumed its engine, and the owner releases it only when every rank is done generating.
     """
 
     def __init__(
-        self, engines: list[RolloutEngine], device: torch.device, states: list[TrainerOffload], released: bool = False
+        self,
+        engines: list[RolloutEngine],
+        device: torch.device,
+        states: list[TrainerOffload],
+        released: bool = False,
+        barrier: Callable[[], None] | None = None,
     ) -> None:
         self.engines, self.device, self.states = engines, device, states
+        self.barrier = barrier or (lambda: None)
         self.released = released  # SGLang's memory is released: its weights must be pushed again
         self.open = False
 
@@ -86,12 +95,14 @@ class ColocatedCycle:
         if self.released:
             for engine in self.engines:
                 engine.resume_memory_occupation(tags=["kv_cache"])
+        self.barrier()
         self.released, self.open = False, True
 
     def leave(self) -> None:
         """Close the window: SGLang's memory released (it must be idle), the trainer's states back on the GPU."""
         if not self.open:
             return
+        self.barrier()
         for engine in self.engines:
             engine.release_memory_occupation(tags=["kv_cache", "weights"])
         for state in self.states:

@@ -143,7 +143,8 @@ class RolloutCallback(Callback):
         )
         if self.colocate:  # the trainer loads on a free GPU; the first rollout resumes the engine and pushes weights
             for engine in self.engines:
-                engine.release_memory_occupation(tags=["kv_cache", "weights"])
+                if engine.owner:
+                    engine.release_memory_occupation(tags=["kv_cache", "weights"])
         self.metrics.to(pl_module.device)
         # Everything loaded so far (torch, transformers, LangGraph, the models) lives for the whole run: keep it out
         # of the garbage collector's full passes, which otherwise rescan it during every rollout's agent work
@@ -212,6 +213,10 @@ class RolloutCallback(Callback):
         if self.cycle is not None:  # the trainer resident again before checkpoints and training run
             self.cycle.leave()
 
+    @property
+    def _shared(self) -> bool:
+        return any(engine.shared for engine in self.engines)
+
     def _manager(self) -> RolloutManager:
         if self.manager is None:
             raise RuntimeError("RolloutCallback.setup has not run: the callback must be in trainer.callbacks")
@@ -251,7 +256,9 @@ class RolloutCallback(Callback):
                 states.append(TrainerOffload(module.policy, optimizer, module.device))
                 if module.reference is not None:
                     states.append(TrainerOffload(module.reference, None, module.device))
-            self.cycle = ColocatedCycle(self.engines, module.device, states, released=True)  # released at setup
+            barrier = functools.partial(trainer.strategy.barrier, "colocated_engine_memory") if self._shared else None
+            owned = [engine for engine in self.engines if engine.owner]
+            self.cycle = ColocatedCycle(owned, module.device, states, released=True, barrier=barrier)
         return self.cycle
 
     def _sync_if_needed(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -260,14 +267,9 @@ class RolloutCallback(Callback):
 
     def _sync(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         start = time.perf_counter()
-        shared = any(engine.shared for engine in self.engines)
-        sync_weights(
-            _grpo_module(pl_module).policy,
-            self.engines,
-            self.sync_bucket_bytes,
-            push=trainer.is_global_zero or not shared,
-        )
-        if shared:  # no rank may generate from the servers before rank 0 has updated them
+        owned = [engine for engine in self.engines if engine.owner]  # every rank gathers; owners push
+        sync_weights(_grpo_module(pl_module).policy, owned, self.sync_bucket_bytes)
+        if self._shared:  # no rank may generate from a shared engine before its owner has updated it
             trainer.strategy.barrier("rollout_weight_sync")
         self.totals["syncs"] += 1
         self._needs_sync = False

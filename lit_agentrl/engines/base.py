@@ -41,7 +41,12 @@ class RolloutEngine(abc.ABC):
     """
 
     shared: bool = False
-    """True for servers shared by all ranks: rank 0 alone pushes the weights, the other ranks wait for it."""
+    """True when other ranks use this engine too (a server): every rank waits for the owner's weight push and memory
+    resume before generating, and for the others before the owner releases memory."""
+
+    owner: bool = True
+    """Whether this rank pushes the engine's weights and releases and resumes its memory; False on a rank that only
+    sends its prompts to an engine another rank owns."""
 
     loop: asyncio.AbstractEventLoop | None = None
     """The event loop the engine must be driven from (in-process SGLang serves everything from its own); None: any."""

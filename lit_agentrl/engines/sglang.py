@@ -123,7 +123,13 @@ class SGLangEngine(_SGLangBase):
     def build(
         cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
     ) -> list[RolloutEngine]:
-        """One engine, placed on this rank's GPUs by :func:`placed_server_args`."""
+        """One engine, placed on this rank's GPUs by :func:`placed_server_args`; with ``tp_size`` > 1 and several
+        ranks per node, a client of the server the rank's group shares (:mod:`lit_agentrl.engines.sglang_group`).
+        """
+        tp_size = int(kwargs.get("tp_size", 1))
+        if placement is not None and placement.with_tp_size(tp_size).group_size > 1:
+            return [SGLangHTTPEngine.for_group(model_path, seed, placement.with_tp_size(tp_size), kwargs)]
+        kwargs.pop("group_port", None)
         return [cls(model_path, seed=seed, **placed_server_args(kwargs, placement))]
 
     def __init__(
@@ -179,18 +185,9 @@ class SGLangEngine(_SGLangBase):
     def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
         if self.flattened_bucket and load_format is None:
             return self._engine.update_weights_from_tensor(
-                self._flattened(pairs), load_format="flattened_bucket", flush_cache=flush_cache
+                flattened_payloads(pairs, self.tp_size), load_format="flattened_bucket", flush_cache=flush_cache
             )
         return self._engine.update_weights_from_tensor(pairs, load_format=load_format, flush_cache=flush_cache)
-
-    def _flattened(self, pairs: list[tuple[str, torch.Tensor]]) -> list[str]:
-        """One serialized flattened bucket per tensor-parallel rank (SGLang's ``flattened_bucket`` format)."""
-        from sglang.srt.utils import MultiprocessingSerializer
-        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
-
-        bucket = FlattenedTensorBucket(named_tensors=pairs)
-        payload = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
-        return [MultiprocessingSerializer.serialize(payload, output_str=True) for _ in range(self.tp_size)]
 
     def update_weights_from_disk(self, model_path: str) -> tuple[bool, str]:
         return _as_pair(self._engine.update_weights_from_disk(model_path))
@@ -223,11 +220,17 @@ class SGLangHTTPEngine(_SGLangBase):
             and shapes before they are sent.
         timeout_s: per-request timeout.
         tp_size: the server's tensor-parallel size (one weight payload per rank).
+        owner: whether this rank pushes the weights and releases and resumes the server's memory.
+        transport: ``inline``: weights travel in the request (pickled, base64), which suits small models, tests and
+            remote servers; ``ipc``: GPU tensors travel as CUDA IPC handles (SGLang's flattened bucket), for a server
+            on the same node (a group's); CPU tensors still travel inline.
+        server: the server's process when this rank started it (stopped at :meth:`shutdown`).
 
-    Servers are shared by all training ranks (``shared = True``): rank 0 alone pushes weights. Weights
-    travel inline in the request (pickled, base64), which suits small models and tests; large models
-    belong on the servers' own update paths (disk or NCCL). As for :class:`SGLangEngine`, ``busy_seconds``
-    is None and :meth:`reseed` does nothing: the servers' ``--random-seed`` sets the samples.
+    Servers are shared by several training ranks (``shared = True``): one ``owner`` pushes weights, the others
+    wait for it. ``sglang_http`` servers (started by the user) are shared by all ranks and owned by rank 0; a
+    group's server (:meth:`for_group`) by its group, owned by the rank that started it. Large models belong on
+    ``ipc`` or the servers' own update paths (disk, NCCL) rather than ``inline``. As for :class:`SGLangEngine`,
+    ``busy_seconds`` is None and :meth:`reseed` does nothing: the servers' ``--random-seed`` sets the samples.
     """
 
     shared = True
@@ -242,14 +245,58 @@ class SGLangHTTPEngine(_SGLangBase):
         urls = kwargs.pop("urls", None)
         if not urls:
             raise ValueError("engine 'sglang_http' needs engine_kwargs.urls: a list of SGLang server URLs")
-        return [cls(url, model_path, **kwargs) for url in urls]
+        owner = placement is None or placement.global_rank == 0
+        return [cls(url, model_path, owner=owner, **kwargs) for url in urls]
 
-    def __init__(self, url: str, model_path: str, timeout_s: float = 600.0, tp_size: int = 1) -> None:
+    @classmethod
+    def for_group(
+        cls, model_path: str, seed: int, placement: EnginePlacement, engine_kwargs: dict[str, Any]
+    ) -> SGLangHTTPEngine:
+        """This rank's client of its group's server, which the group's first rank starts (and waits for) here."""
+        from lit_agentrl.engines import sglang_group
+
+        server_args = placed_group_args(engine_kwargs, placement)
+        group_port = int(server_args.pop("group_port", sglang_group.DEFAULT_GROUP_PORT))
+        timeout_s = float(server_args.pop("timeout_s", 600.0))
+        server_args.pop("flattened_bucket", None)  # the client always sends flattened buckets over ipc
+        url = sglang_group.group_url(placement, group_port)
+        server = None
+        if placement.starts_engine:
+            command = sglang_group.server_command(model_path, seed, placement, server_args, group_port)
+            server = sglang_group.start_server(command)
+        try:
+            sglang_group.wait_until_healthy(url, server)
+        except BaseException:
+            if server is not None:
+                sglang_group.stop_server(server)
+            raise
+        return cls(
+            url,
+            model_path,
+            timeout_s=timeout_s,
+            tp_size=placement.tp_size,
+            owner=placement.starts_engine,
+            transport="ipc",
+            server=server,
+        )
+
+    def __init__(
+        self,
+        url: str,
+        model_path: str,
+        timeout_s: float = 600.0,
+        tp_size: int = 1,
+        owner: bool = True,
+        transport: str = "inline",
+        server: Any = None,
+    ) -> None:
         import httpx
 
+        if transport not in ("inline", "ipc"):
+            raise ValueError(f"engine_kwargs.transport must be 'inline' or 'ipc', got {transport!r}")
         self.url = url.rstrip("/")
         self._shapes = expected_weight_shapes(model_path)
-        self.tp_size = tp_size
+        self.tp_size, self.owner, self.transport, self._server = tp_size, owner, transport, server
         self._timeout = timeout_s
         self._sync = httpx.Client(base_url=self.url, timeout=timeout_s)
         self._async: dict[int, Any] = {}  # one async client per event loop
@@ -298,7 +345,15 @@ class SGLangHTTPEngine(_SGLangBase):
         return self._post(f"/{what}")
 
     def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
-        """Weights travel inline: pickled CPU tensors, base64, one payload per tensor-parallel rank."""
+        """One payload per tensor-parallel rank: CUDA IPC handles of a flattened bucket (``ipc``, GPU tensors), or
+        the pickled tensors themselves, base64 (``inline``)."""
+        if self.transport == "ipc" and load_format is None and pairs and pairs[0][1].is_cuda:
+            body = {
+                "serialized_named_tensors": flattened_payloads(pairs, self.tp_size),
+                "load_format": "flattened_bucket",
+                "flush_cache": flush_cache,
+            }
+            return self._post("/update_weights_from_tensor", body)
         cpu_pairs = [(name, tensor.cpu().contiguous()) for name, tensor in pairs]
         payload = base64.b64encode(pickle.dumps(cpu_pairs)).decode()
         body = {
@@ -322,36 +377,28 @@ class SGLangHTTPEngine(_SGLangBase):
         _raise_unless(self._post("/resume_memory_occupation", {"tags": tags}), "resume_memory_occupation")
 
     def shutdown(self) -> None:
-        """Close the connections; the server is not ours to stop."""
+        """Close the connections, and stop the server if this rank started it (else it is not ours to stop)."""
         self._sync.close()
         self._async.clear()
+        if self._server is not None:
+            from lit_agentrl.engines.sglang_group import stop_server
+
+            stop_server(self._server)
+            self._server = None
 
 
 def placed_server_args(engine_kwargs: dict[str, Any], placement: EnginePlacement | None) -> dict[str, Any]:
-    """``engine_kwargs`` for an in-process engine of the rank at ``placement``: on its own GPU.
+    """``engine_kwargs`` for an in-process engine of the rank at ``placement``: on its own GPUs.
 
     On an accelerator (``device`` unset with CUDA available, or any device but ``cpu``/``mps``) the engine gets
-    ``base_gpu_id`` = the rank's local rank, where SGLang would put every rank's engine on GPU 0; a
-    ``base_gpu_id`` in ``engine_kwargs`` is kept (and logged). ``tp_size`` > 1 is refused when the node has more
-    than one rank: their engines would overlap GPUs, and ranks sharing one engine (the group's first rank
-    starting it, the others reaching it over HTTP) is not implemented yet. Without a placement (an engine
-    built outside a trainer) ``engine_kwargs`` are returned unchanged.
+    ``base_gpu_id`` = the first GPU of the rank's group (:class:`EnginePlacement`), where SGLang would put every
+    rank's engine on GPU 0; a ``base_gpu_id`` in ``engine_kwargs`` is kept (and logged). Without a placement (an
+    engine built outside a trainer) ``engine_kwargs`` are returned unchanged.
     """
     kwargs = dict(engine_kwargs)
-    if placement is None:
+    if placement is None or not _on_accelerator(kwargs.get("device")):
         return kwargs
-    tp_size = int(kwargs.get("tp_size", 1))
-    if tp_size > 1 and placement.local_world_size > 1:
-        raise ValueError(
-            f"engine 'sglang' with engine_kwargs.tp_size={tp_size} and {placement.local_world_size} ranks per node: "
-            f"each rank's engine would take {tp_size} GPUs from the rank's own and overlap its neighbours' engines, "
-            f"and {tp_size} ranks sharing one engine is not supported yet. Supported: tp_size 1 (one engine per "
-            "rank, on the rank's own GPU), tp_size > 1 with a single rank per node, or engine 'sglang_http' with "
-            "SGLang servers you start yourself (engine_kwargs.urls)"
-        )
-    plan = placement.with_tp_size(tp_size)
-    if not _on_accelerator(kwargs.get("device")):
-        return kwargs
+    plan = placement.with_tp_size(int(kwargs.get("tp_size", 1)))
     if "base_gpu_id" in kwargs:
         log.info(
             "engine 'sglang' on rank %d: engine_kwargs.base_gpu_id=%s is kept (the placement would be GPU %d)",
@@ -362,6 +409,25 @@ def placed_server_args(engine_kwargs: dict[str, Any], placement: EnginePlacement
         return kwargs
     kwargs["base_gpu_id"] = plan.base_gpu_id
     return kwargs
+
+
+def placed_group_args(engine_kwargs: dict[str, Any], placement: EnginePlacement) -> dict[str, Any]:
+    """``engine_kwargs`` for the server a group of ranks shares: placed as :func:`placed_server_args` places an
+    in-process engine (on CPU SGLang reads ``base_gpu_id`` as a NUMA node, so it is left unset there)."""
+    kwargs = placed_server_args(engine_kwargs, placement)
+    kwargs["tp_size"] = placement.tp_size
+    return kwargs
+
+
+def flattened_payloads(pairs: list[tuple[str, torch.Tensor]], tp_size: int) -> list[str]:
+    """One serialized flattened bucket per tensor-parallel rank (SGLang's ``flattened_bucket`` format): GPU tensors
+    travel as CUDA IPC handles, so the receiver must be on the same node."""
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    bucket = FlattenedTensorBucket(named_tensors=pairs)
+    payload = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+    return [MultiprocessingSerializer.serialize(payload, output_str=True) for _ in range(tp_size)]
 
 
 def _on_accelerator(device: Any) -> bool:

@@ -36,30 +36,27 @@ def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Ite
         yield bucket
 
 
-def sync_weights(
-    model: torch.nn.Module, engines: list[RolloutEngine], bucket_bytes: int = 512 << 20, push: bool = True
-) -> int:
+def sync_weights(model: torch.nn.Module, engines: list[RolloutEngine], bucket_bytes: int = 512 << 20) -> int:
     """Copy every parameter of ``model`` into each engine; returns the number of tensors gathered.
 
-    Every rank must call this (gathering is collective); ``push=False`` gathers without sending (a rank
-    whose engines are shared servers that rank 0 updates). Each engine gets one weight-update session
+    Every rank must call this (gathering is collective), with the engines it owns (none: it gathers without
+    sending, as a rank whose engine another rank updates). Each engine gets one weight-update session
     (``begin_weight_update``/``end_weight_update``, SGLang's; a no-op elsewhere) around all buckets. Raises
     ``RuntimeError`` with the engine's message when an update fails.
     """
-    targets = engines if push else []
-    for engine in targets:
+    for engine in engines:
         engine.begin_weight_update()
     gathered = 0
     try:
         for bucket in buckets(full_named_parameters(model), bucket_bytes):
-            for engine in targets:
+            for engine in engines:
                 ok, message = engine.update_weights_from_tensor(bucket, flush_cache=False)
                 if not ok:
                     raise RuntimeError(f"weight sync failed after {gathered} tensors: {message}")
             gathered += len(bucket)
     finally:
-        for engine in targets:
+        for engine in engines:
             engine.end_weight_update()
-    for engine in targets:
+    for engine in engines:
         engine.flush_cache()
     return gathered

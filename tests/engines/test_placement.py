@@ -179,12 +179,90 @@ def test_an_explicit_base_gpu_id_is_kept_and_logged(tiny_model_dir, caplog):
     assert "engine_kwargs.base_gpu_id=6 is kept (the placement would be GPU 3)" in caplog.text
 
 
-def test_sglang_tp_above_1_is_refused_for_several_ranks_per_node(tiny_model_dir):
-    for tp_size in (2, 3):
-        with pytest.raises(ValueError, match=rf"engine_kwargs\.tp_size={tp_size} and 8 ranks per node") as excinfo:
-            launch(tiny_model_dir, EnginePlacement(3, 3, 8, 8), device="cuda", tp_size=tp_size)
-        assert "tp_size 1 (one engine per rank" in str(excinfo.value) and "'sglang_http'" in str(excinfo.value)
-    assert LAUNCHED == []
+STARTED: list[list[str]] = []
+
+
+@pytest.fixture()
+def group_servers(monkeypatch):
+    """The group path without SGLang: record each server command, answer every health check."""
+    from lit_agentrl.engines import sglang_group
+
+    STARTED.clear()
+
+    def start(command: list[str]) -> Any:
+        STARTED.append(command)
+        return SimpleNamespace(pid=-1, poll=lambda: None)
+
+    monkeypatch.setattr(sglang_group, "start_server", start)
+    monkeypatch.setattr(sglang_group, "wait_until_healthy", lambda url, server, timeout_s=0: None)
+    monkeypatch.setattr(sglang_group, "stop_server", lambda server: None)
+    return STARTED
+
+
+def options(command: list[str]) -> dict[str, str]:
+    """``--key value`` pairs of a command line (bare flags map to "")."""
+    out, key = {}, None
+    for part in command[3:]:
+        if part.startswith("--"):
+            key = part[2:]
+            out[key] = ""
+        elif key is not None:
+            out[key] = part
+    return out
+
+
+@pytest.mark.parametrize("tp_size", [1, 2, 4])
+def test_8_ranks_reach_their_groups_engine_and_its_first_rank_starts_and_feeds_it(
+    tiny_model_dir, group_servers, tp_size
+):
+    engines = [
+        build_engines(
+            "recording_sglang_for_placement_tests",
+            str(tiny_model_dir),
+            seed=7,
+            placement=EnginePlacement(rank, rank, 8, 8),
+            device="cuda",
+            tp_size=tp_size,
+            mem_fraction_static=0.5,
+            enable_memory_saver=True,
+        )[0]
+        for rank in range(8)
+    ]
+    if tp_size == 1:  # one in-process engine per rank, on the rank's own GPU; no server
+        assert group_servers == [] and [a["base_gpu_id"] for a in LAUNCHED] == list(range(8))
+        assert all(e.owner and not e.shared for e in engines)
+        return
+    assert LAUNCHED == []  # no in-process engine: every rank is a client of its group's server
+    groups = [rank // tp_size for rank in range(8)]
+    assert [e.url for e in engines] == [f"http://127.0.0.1:{30000 + g}" for g in groups]  # which rank talks to which
+    assert [rank for rank, e in enumerate(engines) if e.owner] == list(range(0, 8, tp_size))  # who pushes weights
+    assert all(e.shared and e.tp_size == tp_size and e.transport == "ipc" for e in engines)
+    started = [options(command) for command in group_servers]  # what each engine receives
+    assert [o["base-gpu-id"] for o in started] == [str(first) for first in range(0, 8, tp_size)]
+    assert [o["port"] for o in started] == [str(30000 + i) for i in range(8 // tp_size)]
+    assert [o["nccl-port"] for o in started] == [str(30100 + i) for i in range(8 // tp_size)]
+    for o in started:
+        assert (o["tp-size"], o["device"], o["mem-fraction-static"], o["random-seed"]) == (
+            str(tp_size),
+            "cuda",
+            "0.5",
+            "7",
+        )
+        assert o["enable-memory-saver"] == o["skip-tokenizer-init"] == "" and o["model-path"] == str(tiny_model_dir)
+    for engine in engines:
+        engine.shutdown()
+
+
+def test_group_port_and_cpu_servers(tiny_model_dir, group_servers):
+    (engine,) = build_engines(
+        "sglang", str(tiny_model_dir), placement=EnginePlacement(3, 3, 4, 4), device="cpu", tp_size=2, group_port=31000
+    )
+    assert engine.url == "http://127.0.0.1:31001" and not engine.owner and group_servers == []
+    (engine,) = build_engines(
+        "sglang", str(tiny_model_dir), placement=EnginePlacement(2, 2, 4, 4), device="cpu", tp_size=2, group_port=31000
+    )
+    (command,) = group_servers
+    assert engine.owner and "base-gpu-id" not in options(command)  # on CPU SGLang reads it as a NUMA node
 
 
 def test_sglang_tp_above_1_on_a_single_rank_starts_from_its_gpu(tiny_model_dir):
@@ -250,13 +328,17 @@ def test_callback_builds_the_ranks_engine_on_its_gpu(quickstart_model_dir):
         callback.teardown(trainer, pl_module, "fit")
 
 
-def test_callback_refuses_a_shared_tp_engine_at_setup(quickstart_model_dir):
+def test_callback_builds_a_group_client_for_a_shared_tp_engine(quickstart_model_dir, group_servers):
     callback = RolloutCallback(
         engine="recording_sglang_for_placement_tests", engine_kwargs={"device": "cuda", "tp_size": 2}
     )
-    with pytest.raises(ValueError, match=r"tp_size=2 and 8 ranks per node.*not supported yet"):
-        callback.setup(fake_trainer(), GRPOModule(str(quickstart_model_dir)), "fit")
-    assert LAUNCHED == [] and callback.engines == []
+    trainer, pl_module = fake_trainer(), GRPOModule(str(quickstart_model_dir))
+    callback.setup(trainer, pl_module, "fit")  # rank 3 of 8: the second rank of the group that rank 2 starts
+    try:
+        (engine,) = callback.engines
+        assert (engine.url, engine.owner, group_servers) == ("http://127.0.0.1:30001", False, [])
+    finally:
+        callback.teardown(trainer, pl_module, "fit")
 
 
 def test_ranks_per_node_come_from_local_world_size_else_the_trainers_devices(monkeypatch):

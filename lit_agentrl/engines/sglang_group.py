@@ -1,0 +1,97 @@
+"""Ranks sharing one SGLang engine: ``engine: sglang`` with ``engine_kwargs.tp_size`` > 1 and several ranks per node.
+
+An engine of tensor-parallel size k takes k consecutive GPUs, which k consecutive ranks train on (see
+:mod:`lit_agentrl.engines.placement`). The group's first rank starts it as an SGLang HTTP server on those GPUs
+(``python -m sglang.launch_server --tp-size k --base-gpu-id <first> --port <port>``; SGLang starts its own
+tensor-parallel workers), and every rank of the group, the first included, reaches it through
+:class:`~lit_agentrl.engines.sglang.SGLangHTTPEngine`: each sends its own prompts, the first alone pushes weights
+and releases and resumes memory (``owner``), and the callback's barriers keep the others from generating while
+it does.
+
+Ports, per node: the server of the node's i-th group listens on ``group_port + i`` (default 30000 + i) and its
+workers rendezvous on ``group_port + 100 + i`` (SGLang would pick that one at random, and two servers started at
+the same moment could pick the same).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from lit_agentrl.engines.placement import EnginePlacement
+
+log = logging.getLogger(__name__)
+DEFAULT_GROUP_PORT = 30000
+STARTUP_TIMEOUT_S = 900.0
+
+
+def group_url(placement: EnginePlacement, group_port: int = DEFAULT_GROUP_PORT) -> str:
+    """The URL of the server of ``placement``'s group, on this node."""
+    return f"http://127.0.0.1:{group_port + placement.local_rank // placement.group_size}"
+
+
+def server_command(
+    model_path: str, seed: int, placement: EnginePlacement, server_args: dict[str, Any], group_port: int
+) -> list[str]:
+    """The ``sglang.launch_server`` command the group's first rank runs: ``server_args`` (``engine_kwargs`` less
+    what the group path sets) as command-line options, ``True`` as a bare flag, ``False``/None left out."""
+    index = placement.local_rank // placement.group_size
+    options: dict[str, Any] = {
+        **server_args,
+        "model_path": model_path,
+        "tp_size": placement.tp_size,
+        "random_seed": seed,
+        "skip_tokenizer_init": True,
+        "host": "127.0.0.1",
+        "port": group_port + index,
+        "nccl_port": group_port + 100 + index,
+    }
+    command = [sys.executable, "-m", "sglang.launch_server"]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            command.append(flag)
+        elif value is not False and value is not None:
+            command += [flag, *(str(v) for v in value)] if isinstance(value, (list, tuple)) else [flag, str(value)]
+    return command
+
+
+def start_server(command: list[str]) -> subprocess.Popen:
+    """Run the server in its own process group (so shutting it down stops its workers too)."""
+    log.info("starting the group's SGLang server: %s", " ".join(command))
+    return subprocess.Popen(command, start_new_session=True, env=dict(os.environ))
+
+
+def wait_until_healthy(url: str, server: subprocess.Popen | None, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+    """Poll ``url/health`` until it answers 200; raise if the server process exits first or ``timeout_s`` passes."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server is not None and server.poll() is not None:
+            raise RuntimeError(f"the group's SGLang server at {url} exited with code {server.returncode}; see its log")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"the group's SGLang server at {url} did not become healthy within {timeout_s:.0f} s")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """Terminate the server's process group (its workers too), then kill what is left after 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
