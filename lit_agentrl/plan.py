@@ -70,6 +70,7 @@ class PlanInputs(ModelShapes):
 
     param_dtype: str = "float32"  # model.param_dtype: the compute / all-gather dtype
     engine_dtype: str = "bfloat16"  # engine_kwargs.dtype
+    engine_tp_size: int = 1  # engine_kwargs.tp_size
     data_parallel_size: int = 1
     gpu_memory: int = 80 * GB
     micro_batch_tokens: int = 16384
@@ -198,12 +199,17 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     engine_on_gpu = x.engine in COLOCATED_ENGINES
     fraction = x.mem_fraction_static if x.mem_fraction_static is not None else SGLANG_DEFAULT_MEM_FRACTION
     engine_total = int(fraction * x.gpu_memory) if engine_on_gpu else 0
-    engine_weights = p * DTYPE_BYTES[x.engine_dtype] if engine_on_gpu else 0
+    # SGLang's tensor parallelism splits its weights over the engine's GPUs (roughly evenly: norms are replicated).
+    engine_weights = p * DTYPE_BYTES[x.engine_dtype] // x.engine_tp_size if engine_on_gpu else 0
     f["SGLang weights"] = engine_weights
     f["SGLang KV cache"] = engine_total - engine_weights
-    kv_per_token = 2 * x.num_layers * x.num_kv_heads * x.head_dim * DTYPE_BYTES[x.engine_dtype]
+    # Per GPU: tensor parallelism splits the KV heads (replicating them past one head per GPU).
+    kv_split = min(x.engine_tp_size, x.num_kv_heads)
+    kv_per_token = 2 * x.num_layers * x.num_kv_heads * x.head_dim * DTYPE_BYTES[x.engine_dtype] // kv_split
     kv_tokens = max(0, f["SGLang KV cache"]) // kv_per_token if engine_on_gpu else 0
-    worst = x.prompts_per_step // n * x.n_samples * (x.max_prompt_length + x.max_new_tokens)
+    # One engine serves a group of tp_size ranks (one rank when the node holds one).
+    ranks_per_engine = x.engine_tp_size if x.ranks_per_node > 1 else 1
+    worst = x.prompts_per_step // n * ranks_per_engine * x.n_samples * (x.max_prompt_length + x.max_new_tokens)
     if n > 1:  # rank 0 reads one copy for the policy and the reference and broadcasts it (lit_agentrl.loading)
         f["host memory at load, rank 0"] = f["host memory at load, per node"] = 4 * p
     else:  # one process loads each model whole
@@ -356,6 +362,7 @@ def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> Pla
         **dataclasses.asdict(model_shapes(str(model["model_path"]))),
         param_dtype=str(model["param_dtype"]),
         engine_dtype=str(engine_kwargs.get("dtype", "bfloat16")),
+        engine_tp_size=int(engine_kwargs.get("tp_size", 1)),
         data_parallel_size=dp,
         gpu_memory=gpu_memory,
         micro_batch_tokens=int(model["micro_batch_tokens"]),

@@ -294,3 +294,14 @@ def test_the_log_prob_chunk_equals_the_measured_peak_of_a_chunked_pass():
     inputs = small_inputs(vocab_size=151936, micro_batch_tokens=tokens, logprob_chunk_tokens=chunk)
     planned = plan_memory(inputs).figures["log-prob chunk (logits, temporaries, grads)"]
     assert planned == pytest.approx(measured, rel=0.15)
+
+
+def test_a_tensor_parallel_engine_splits_its_weights_and_kv_cache_over_its_gpus(qwen3_8b_dir: Path):
+    """engine_kwargs.tp_size 2: each GPU holds half of SGLang's weights and of each token's KV, and each engine
+    serves the prompts of its two ranks."""
+    one = plan_memory(inputs_from_config(config_8b(qwen3_8b_dir)))
+    two = plan_memory(replace(inputs_from_config(config_8b(qwen3_8b_dir)), engine_tp_size=2))
+    assert two.figures["SGLang weights"] == one.figures["SGLang weights"] // 2
+    assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2
+    assert two.worst_case_tokens == 2 * one.worst_case_tokens
+    assert two.kv_capacity_tokens > 2 * one.kv_capacity_tokens  # half the bytes per token, and more room for it
