@@ -56,7 +56,7 @@ def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
-        module = GRPOModule(model_dir, sequence_packing=False)
+        module = GRPOModule(model_dir, sequence_packing=False, logprob_chunk_tokens=0)  # no load-time check forwards
         module._device_mesh = mesh  # as ModelParallelStrategy does before configure_model
         reset_peak()
         before = memory_status("VmRSS")
@@ -64,7 +64,7 @@ def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
         grown = memory_status("VmHWM") - before
         loaded = {"policy": full_state(module.policy), "buffers": dict(module.policy.named_buffers())}
         del module
-        with_reference = GRPOModule(model_dir, kl_coef=0.1, sequence_packing=False)
+        with_reference = GRPOModule(model_dir, kl_coef=0.1, sequence_packing=False, logprob_chunk_tokens=0)
         with_reference._device_mesh = mesh
         with_reference.configure_model()
         assert with_reference.reference is not None
