@@ -14,13 +14,19 @@ from lit_agentrl.types import Trajectory
 
 @dataclass
 class TrainingSample:
-    """One trajectory shifted for next-token training: position t predicts ``targets[t]``. All lists [T - 1]."""
+    """One trajectory shifted for next-token training: position t predicts ``targets[t]``. All lists [T - 1].
+
+    ``old_logprobs`` are the PPO ratio's denominator: the engine's log-probs (``model.old_logprobs: engine``) or the
+    trainer's, recomputed before the update (``trainer``); ``rollout_logprobs`` are the engine's, kept for the
+    rollout correction (None when the agent returned none).
+    """
 
     input_ids: list[int]
     targets: list[int]
     loss_mask: list[int]
     old_logprobs: list[float]
     advantage: float
+    rollout_logprobs: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -33,9 +39,21 @@ class PreparedSamples(NamedTuple):
     num_failed: int
 
 
-def prepare_samples(trajectories: Sequence[Trajectory], normalize_std: bool = True) -> PreparedSamples:
-    """Advantages over each prompt group's successful trajectories; failed ones are left out entirely."""
+def prepare_samples(
+    trajectories: Sequence[Trajectory], normalize_std: bool = True, need_rollout_logprobs: bool = True
+) -> PreparedSamples:
+    """Advantages over each prompt group's successful trajectories; failed ones are left out entirely.
+
+    With ``need_rollout_logprobs`` (the old log-probs are the engine's) a trajectory whose agent returned no
+    ``response_logprobs`` is an error naming the agent; otherwise its old log-probs are left for the trainer.
+    """
     ok = [t for t in trajectories if not t.failed and t.num_generated_tokens > 0]
+    missing = sorted({t.agent_name for t in ok if t.response_logprobs is None})
+    if need_rollout_logprobs and missing:
+        raise ValueError(
+            f"agent(s) {missing} returned trajectories without response_logprobs, and model.old_logprobs is 'engine': "
+            "return the engine's log-probs from the agent (ChatModel does), or set model.old_logprobs: trainer"
+        )
     if not ok:
         return PreparedSamples([], 0, 0, len(trajectories))
     rewards = torch.tensor([t.reward for t in ok], dtype=torch.float64)
@@ -47,13 +65,14 @@ def prepare_samples(trajectories: Sequence[Trajectory], normalize_std: bool = Tr
 
 def _shift(t: Trajectory, advantage: float) -> TrainingSample:
     p = len(t.prompt_ids)
-    rollout_logprobs = t.response_logprobs if t.response_logprobs is not None else [0.0] * (len(t.all_token_ids) - p)
+    rollout = None if t.response_logprobs is None else [0.0] * (p - 1) + list(t.response_logprobs)
     return TrainingSample(
         input_ids=t.all_token_ids[:-1],
         targets=t.all_token_ids[1:],
         loss_mask=t.loss_mask[1:],
-        old_logprobs=[0.0] * (p - 1) + list(rollout_logprobs),
+        old_logprobs=list(rollout) if rollout is not None else [0.0] * (len(t.all_token_ids) - 1),
         advantage=advantage,
+        rollout_logprobs=rollout,
     )
 
 
@@ -117,6 +136,7 @@ class MicroBatch(NamedTuple):
     old_logprobs: torch.Tensor
     advantages: torch.Tensor  # each token carries its sequence's advantage
     sequence_index: torch.Tensor  # long: the token's sequence within the micro-batch, -1 for padding
+    rollout_logprobs: torch.Tensor  # the engine's (zeros where a sample has none)
 
     def model_inputs(self) -> dict[str, Any]:
         """Forward arguments; without a KV cache, since transformers looks for packed rows only then."""
@@ -134,6 +154,7 @@ def collate(rows: Sequence[Sequence[TrainingSample]], pad_id: int, device: torch
     old = torch.zeros(shape, dtype=torch.float32)
     advantages = torch.zeros(shape, dtype=torch.float32)
     sequence = torch.full(shape, -1, dtype=torch.long)
+    rollout = torch.zeros(shape, dtype=torch.float32)
     index = 0
     for r, row in enumerate(rows):
         start = 0
@@ -145,11 +166,13 @@ def collate(rows: Sequence[Sequence[TrainingSample]], pad_id: int, device: torch
             mask[r, start:end] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old[r, start:end] = torch.tensor(s.old_logprobs, dtype=torch.float32)
             advantages[r, start:end] = s.advantage
+            if s.rollout_logprobs is not None:
+                rollout[r, start:end] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
             sequence[r, start:end] = index
             start, index = end, index + 1
         last = len(row[-1])
         positions[r, start:] = torch.arange(last, last + width - start)
-    tensors = (ids, positions, targets, mask, old, advantages, sequence)
+    tensors = (ids, positions, targets, mask, old, advantages, sequence, rollout)
     return MicroBatch(*(t.to(device) for t in tensors))
 
 

@@ -75,10 +75,12 @@ class PolicyLossStats(NamedTuple):
 
 class LossScale(NamedTuple):
     """Counts of the whole mini-batch a micro-batch belongs to. Dividing by these instead of the micro-batch's own
-    counts makes the micro-batches' losses add up to the mini-batch's loss, however the samples were split."""
+    counts makes the micro-batches' losses add up to the mini-batch's loss, however the samples were split.
+    ``norm_length`` is Dr. GRPO's constant per-sequence normaliser (``seq-mean-token-sum-norm``)."""
 
     tokens: float
     sequences: float
+    norm_length: float = 1.0
 
 
 Aggregation = Callable[[torch.Tensor, torch.Tensor, LossScale | None, torch.Tensor | None], torch.Tensor]
@@ -96,7 +98,7 @@ def seq_mean_token_mean(
     values: torch.Tensor, mask: torch.Tensor, scale: LossScale | None, sequence_index: torch.Tensor | None
 ) -> torch.Tensor:
     """Mean over each sequence's tokens, then mean over sequences."""
-    sums, tokens = _per_sequence(values * mask, mask, sequence_index)
+    sums, tokens = per_sequence_sums(values * mask, mask, sequence_index)
     return _over_sequences(sums / tokens.clamp(min=1), scale)
 
 
@@ -104,14 +106,24 @@ def seq_mean_token_sum(
     values: torch.Tensor, mask: torch.Tensor, scale: LossScale | None, sequence_index: torch.Tensor | None
 ) -> torch.Tensor:
     """Sum over each sequence's tokens, then mean over sequences."""
-    sums, _ = _per_sequence(values * mask, mask, sequence_index)
+    sums, _ = per_sequence_sums(values * mask, mask, sequence_index)
     return _over_sequences(sums, scale)
+
+
+def seq_mean_token_sum_norm(
+    values: torch.Tensor, mask: torch.Tensor, scale: LossScale | None, sequence_index: torch.Tensor | None
+) -> torch.Tensor:
+    """Dr. GRPO: sum over each sequence's tokens divided by a constant length (``model.loss_norm_length``), then mean
+    over sequences, so a sequence's tokens weigh the same however long it is."""
+    sums, _ = per_sequence_sums(values * mask, mask, sequence_index)
+    return _over_sequences(sums, scale) / (scale.norm_length if scale is not None else 1.0)
 
 
 AGGREGATIONS: dict[str, Aggregation] = {
     "token-mean": token_mean,
     "seq-mean-token-mean": seq_mean_token_mean,
     "seq-mean-token-sum": seq_mean_token_sum,
+    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
 }
 """``model.loss_aggregation`` names -> functions: a new aggregation is one function and one entry here."""
 
@@ -139,7 +151,7 @@ def _over_sequences(per_sequence: torch.Tensor, scale: LossScale | None) -> torc
     return per_sequence.sum() / (scale.sequences if scale is not None else max(per_sequence.numel(), 1))
 
 
-def _per_sequence(
+def per_sequence_sums(
     masked: torch.Tensor, mask: torch.Tensor, sequence_index: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sums of ``masked`` and of ``mask`` per sequence: per row, or per ``sequence_index``."""
@@ -162,19 +174,37 @@ def clipped_policy_loss(
     aggregation: str = "token-mean",
     scale: LossScale | None = None,
     sequence_index: torch.Tensor | None = None,
+    *,
+    clip_ratio_c: float | None = None,
+    sequence_ratio: bool = False,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """PPO/GRPO clipped surrogate with separate low/high clip ratios (DAPO's clip-higher when high > low).
 
     logprobs, old_logprobs, mask: [B, L]; advantages: [B] (one per row, broadcast over its tokens) or [B, L]
     (per token, for packed rows; see :func:`aggregate` for ``sequence_index``).
     loss = -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A), aggregated under ``mask``.
+
+    ``clip_ratio_c`` (> 1): dual-clip, the loss of a token with A < 0 is at most -c A however large r grows.
+    ``sequence_ratio``: GSPO, every token of a sequence takes the sequence's ratio exp(mean of its tokens' log
+    ratios), clipped as one, with the gradient of r times the mean log-prob. ``weights`` [B, L] (no gradient)
+    multiply each token's loss: the rollout correction's importance weights (0 drops a token).
     """
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    if sequence_ratio:
+        per_token = sequence_index if sequence_index is not None else _row_index(mask)
+        sums, counts = per_sequence_sums(log_ratio * mask, mask.to(log_ratio.dtype), per_token)
+        sequence_log_ratio = (sums / counts.clamp(min=1)).detach()[per_token.clamp(min=0)]
+        log_ratio = sequence_log_ratio + logprobs - logprobs.detach()  # value: the sequence's; gradient: r d logp
     ratio = log_ratio.exp()
     adv = (advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)).to(logprobs.dtype)
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if clip_ratio_c is not None:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -clip_ratio_c * adv), per_token)
+    if weights is not None:
+        per_token = per_token * weights.detach()
     loss = aggregate(per_token, mask, aggregation, scale, sequence_index)
     with torch.no_grad():
         m = mask.to(logprobs.dtype)
@@ -185,6 +215,11 @@ def clipped_policy_loss(
             approx_kl=(-log_ratio * m).sum() / n,
         )
     return loss, stats
+
+
+def _row_index(mask: torch.Tensor) -> torch.Tensor:
+    """Each row one sequence: [B, L] of row numbers."""
+    return torch.arange(mask.shape[0], device=mask.device).unsqueeze(-1).expand_as(mask)
 
 
 def kl_to_reference(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

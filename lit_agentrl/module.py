@@ -102,6 +102,8 @@ class GRPOModule(L.LightningModule):
         logprob_chunk_tokens: the output head runs on the trained tokens only, this many at a time, and its
             logits are recomputed in backward (see :mod:`lit_agentrl.logprobs`); 0 computes full logits at every
             position, as the model's own forward does (more memory, no recomputation).
+        old_logprobs, rollout_correction, rollout_correction_level, rollout_is_threshold, rollout_is_threshold_low,
+            policy_ratio, clip_ratio_c, loss_norm_length: see :class:`~lit_agentrl.objective.Objective`.
     """
 
     def __init__(
@@ -126,6 +128,14 @@ class GRPOModule(L.LightningModule):
         param_dtype: Literal["float32", "bfloat16"] = "float32",
         gradient_checkpointing: bool = False,
         logprob_chunk_tokens: int = 1024,
+        old_logprobs: Literal["engine", "trainer"] = "engine",
+        rollout_correction: Literal["tis", "mis"] | None = None,
+        rollout_correction_level: Literal["token", "sequence"] = "token",
+        rollout_is_threshold: float = 2.0,
+        rollout_is_threshold_low: float | None = None,
+        policy_ratio: Literal["token", "sequence"] = "token",
+        clip_ratio_c: float | None = None,
+        loss_norm_length: int | None = None,
     ) -> None:
         super().__init__()
         self.update = UpdateSettings(
@@ -133,8 +143,10 @@ class GRPOModule(L.LightningModule):
             micro_batch_tokens, sequence_packing, grad_clip, param_dtype, gradient_checkpointing, logprob_chunk_tokens,
         )  # fmt: skip
         self.objective = Objective(
-            clip_ratio_low, clip_ratio_high, kl_coef, entropy_coef, loss_aggregation, temperature=rollout_temperature
-        )
+            clip_ratio_low, clip_ratio_high, kl_coef, entropy_coef, loss_aggregation, rollout_temperature, old_logprobs,
+            rollout_correction, rollout_correction_level, rollout_is_threshold, rollout_is_threshold_low, policy_ratio,
+            clip_ratio_c, loss_norm_length,
+        )  # fmt: skip
         self.model_path = model_path
         self.save_hyperparameters()
         self.automatic_optimization = False
@@ -213,17 +225,26 @@ class GRPOModule(L.LightningModule):
                 "the batch has no rollout: add lit_agentrl.callbacks.RolloutCallback to trainer.callbacks"
             )
         start = time.perf_counter()
-        prepared = prepare_samples(batch.rollout.trajectories, self.update.normalize_advantage_std)
+        objective = self.objective
+        engine_logprobs_needed = objective.old_logprobs == "engine" or objective.rollout_correction is not None
+        prepared = prepare_samples(
+            batch.rollout.trajectories, self.update.normalize_advantage_std, engine_logprobs_needed
+        )
         stats: dict[str, list[float]] = {}
+        if objective.old_logprobs == "trainer":
+            stats["time/old_logprobs_s"] = [self.recompute_old_logprobs(prepared.samples)]
         for part in split_mini_batches(prepared.samples, self.update.mini_batches):
             for key, value in self._optimizer_step(part).items():
                 stats.setdefault(key, []).append(value)
-        # Timings add up over the mini-batches; the training statistics are their means.
-        logged = {key: sum(v) / (1 if key.startswith("time/") else len(v)) for key, v in stats.items()}
+        # Timings add up over the mini-batches, maxima are maxima; the other statistics are their means.
+        logged = {key: _combine(key, v) for key, v in stats.items()}
+        maxima = {key: logged.pop(key) for key in list(logged) if key.endswith("_max")}
         logged["train/filtered_groups"] = float(prepared.num_flat_groups)
         logged["train/skipped_steps"] = float(self.skipped_steps)
         logged["train/lr"] = float(self._optimizer_and_scheduler()[1].get_last_lr()[0])
         self.log_dict(logged, on_step=True, sync_dist=True, batch_size=max(1, len(prepared.samples)))
+        if maxima:
+            self.log_dict(maxima, on_step=True, sync_dist=True, reduce_fx="max", batch_size=1)
         self.log("time/train_s", time.perf_counter() - start, on_step=True, prog_bar=True, batch_size=1)
 
     def _optimizer_step(self, samples: list[TrainingSample]) -> dict[str, float]:
@@ -255,6 +276,7 @@ class GRPOModule(L.LightningModule):
         scale = self._data_parallel_scale(samples)
         plans = plan_micro_batches(samples, self.update.micro_batch_tokens, self.update.sequence_packing)
         sums: dict[str, float] = {"time/forward_s": 0.0, "time/backward_s": 0.0}
+        maxima: dict[str, float] = {}
         # Every rank must run as many forward/backward passes as the busiest one (FSDP collectives).
         for i in range(self._max_across_ranks(len(plans))):
             start = self._clock()
@@ -267,12 +289,34 @@ class GRPOModule(L.LightningModule):
             backward(loss)
             micro_stats["time/forward_s"], micro_stats["time/backward_s"] = middle - start, self._clock() - middle
             for key, value in micro_stats.items():
-                sums[key] = sums.get(key, 0.0) + value
+                if key.endswith("_max"):
+                    maxima[key] = max(maxima.get(key, value), value)
+                else:
+                    sums[key] = sums.get(key, 0.0) + value
         # Token-weighted means of the per-token stats; the loss is already normalised by the mini-batch's counts.
         result = {key: value / scale.tokens for key, value in sums.items() if key.startswith("train/")}
+        result.update(maxima)
         result.update({key: value for key, value in sums.items() if key.startswith("time/")})
         result["train/loss"] = sums.get("train/loss", 0.0)
         return result
+
+    @torch.no_grad()
+    def recompute_old_logprobs(self, samples: list[TrainingSample]) -> float:
+        """Replace every sample's ``old_logprobs`` with the policy's own, before any update of this step (the
+        same micro-batches and packing as the update, so on-policy ratios start at exactly 1); returns seconds."""
+        start = self._clock()
+        plans = plan_micro_batches(samples, self.update.micro_batch_tokens, self.update.sequence_packing)
+        for i in range(self._max_across_ranks(len(plans))):  # every rank joins as many forwards as the busiest
+            if i >= len(plans):
+                self._dummy_loss()
+                continue
+            rows = [[samples[j] for j in row] for row in plans[i]]
+            micro = collate(rows, self._pad_id(), self.device)
+            logprobs = self._token_logprobs(self.policy, micro, with_entropy=False).logprobs.float().cpu()
+            index = micro.sequence_index.cpu()
+            for k, sample in enumerate(s for row in rows for s in row):
+                sample.old_logprobs = logprobs[index == k].tolist()
+        return self._clock() - start
 
     def _micro_loss(self, micro: MicroBatch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
         policy = self._token_logprobs(self.policy, micro, with_entropy=True)
@@ -325,14 +369,14 @@ class GRPOModule(L.LightningModule):
         """
         mesh = self.device_mesh
         if mesh is None or not dist.is_initialized():
-            return loss_scale(samples)
+            return loss_scale(samples, self.objective.norm_length)
         group = mesh["data_parallel"].get_group()
         ranks = dist.get_world_size(group)
         counts = torch.tensor([sum(sum(s.loss_mask) for s in samples), len(samples)], dtype=torch.float64)
         counts = counts.to(self.device)
         dist.all_reduce(counts, group=group)
         tokens, sequences = (max(float(c), 1.0) / ranks for c in counts.tolist())
-        return LossScale(tokens=tokens, sequences=sequences)
+        return LossScale(tokens=tokens, sequences=sequences, norm_length=self.objective.norm_length)
 
     def _max_across_ranks(self, value: int) -> int:
         if not dist.is_initialized() or dist.get_world_size() == 1:
@@ -370,6 +414,13 @@ class GRPOModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get("grpo_skipped_steps", 0))
+
+
+def _combine(key: str, values: list[float]) -> float:
+    """One step's figure from its mini-batches' figures: timings add up, maxima are maxima, the rest averages."""
+    if key.startswith("time/"):
+        return sum(values)
+    return max(values) if key.endswith("_max") else sum(values) / len(values)
 
 
 def check_packing_support(model: torch.nn.Module, tolerance: float = 1e-3) -> None:

@@ -18,7 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from lit_agentrl.batching import MicroBatch, TrainingSample
+from lit_agentrl.correction import CORRECTIONS, LEVELS, correction_weights
 from lit_agentrl.losses import AGGREGATIONS, LossScale, TokenLogProbs, aggregate, clipped_policy_loss, kl_to_reference
+
+OLD_LOGPROBS = ("engine", "trainer")
+POLICY_RATIOS = ("token", "sequence")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,16 @@ class Objective:
         entropy_coef: weight of an entropy bonus (0: entropy is reported, not optimised).
         loss_aggregation: a name in :data:`~lit_agentrl.losses.AGGREGATIONS`.
         temperature: the sampling temperature; log-probs are computed at it.
+        old_logprobs: the PPO ratio's denominator: ``engine`` (the rollout's own log-probs) or ``trainer`` (the
+            policy's, recomputed before the update with the same micro-batching).
+        rollout_correction: None, ``tis`` or ``mis``: importance weights between the engine and the trainer
+            (:mod:`lit_agentrl.correction`); needs ``old_logprobs: trainer``.
+        rollout_correction_level: ``token`` or ``sequence`` (a sequence's geometric-mean ratio).
+        rollout_is_threshold: C, where ``tis`` truncates and the top of ``mis``'s band.
+        rollout_is_threshold_low: the bottom of ``mis``'s band (None: 1 / C).
+        policy_ratio: ``token`` (PPO/GRPO) or ``sequence`` (GSPO: one ratio per sequence, the geometric mean).
+        clip_ratio_c: dual-clip's c (> 1) for negative advantages; None: off.
+        loss_norm_length: Dr. GRPO's constant normaliser, needed by ``seq-mean-token-sum-norm``.
     """
 
     clip_ratio_low: float = 0.2
@@ -41,6 +55,14 @@ class Objective:
     entropy_coef: float = 0.0
     loss_aggregation: str = "token-mean"
     temperature: float = 1.0
+    old_logprobs: str = "engine"
+    rollout_correction: str | None = None
+    rollout_correction_level: str = "token"
+    rollout_is_threshold: float = 2.0
+    rollout_is_threshold_low: float | None = None
+    policy_ratio: str = "token"
+    clip_ratio_c: float | None = None
+    loss_norm_length: int | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -56,6 +78,42 @@ class Objective:
                 self.temperature > 0,
                 f"model.rollout_temperature must be > 0 (training needs sampled rollouts), got {self.temperature}",
             ),
+            (
+                self.old_logprobs in OLD_LOGPROBS,
+                f"model.old_logprobs must be one of {list(OLD_LOGPROBS)}, got {self.old_logprobs!r}",
+            ),
+            (
+                self.rollout_correction in (None, *CORRECTIONS),
+                f"model.rollout_correction must be null or one of {list(CORRECTIONS)}, got {self.rollout_correction!r}",
+            ),
+            (
+                self.rollout_correction is None or self.old_logprobs == "trainer",
+                "model.rollout_correction corrects the trainer's old log-probs towards the engine's: it needs "
+                "model.old_logprobs: trainer",
+            ),
+            (
+                self.rollout_correction_level in LEVELS,
+                f"model.rollout_correction_level must be one of {list(LEVELS)}, got {self.rollout_correction_level!r}",
+            ),
+            (self.rollout_is_threshold > 0, f"model.rollout_is_threshold must be > 0, got {self.rollout_is_threshold}"),
+            (
+                self.rollout_is_threshold_low is None or 0 <= self.rollout_is_threshold_low < self.rollout_is_threshold,
+                "model.rollout_is_threshold_low must be in [0, model.rollout_is_threshold), got "
+                f"{self.rollout_is_threshold_low}",
+            ),
+            (
+                self.policy_ratio in POLICY_RATIOS,
+                f"model.policy_ratio must be one of {list(POLICY_RATIOS)}, got {self.policy_ratio!r}",
+            ),
+            (
+                self.clip_ratio_c is None or self.clip_ratio_c > 1,
+                f"model.clip_ratio_c (dual-clip) must be > 1 or null, got {self.clip_ratio_c}",
+            ),
+            (
+                self.loss_aggregation != "seq-mean-token-sum-norm" or (self.loss_norm_length or 0) > 0,
+                "model.loss_aggregation seq-mean-token-sum-norm divides by a constant length: set "
+                f"model.loss_norm_length (e.g. the max_new_tokens of sampling), got {self.loss_norm_length}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -66,11 +124,16 @@ class Objective:
         """Whether the loss needs the reference model's logits."""
         return self.kl_coef > 0
 
+    @property
+    def norm_length(self) -> float:
+        """Dr. GRPO's constant length (1 for every other aggregation)."""
+        return float(self.loss_norm_length or 1)
 
-def loss_scale(samples: Sequence[TrainingSample]) -> LossScale:
+
+def loss_scale(samples: Sequence[TrainingSample], norm_length: float = 1.0) -> LossScale:
     """The mini-batch's token and sequence counts, which every micro-batch's loss is divided by."""
     tokens = float(sum(sum(s.loss_mask) for s in samples))
-    return LossScale(tokens=max(tokens, 1.0), sequences=max(float(len(samples)), 1.0))
+    return LossScale(tokens=max(tokens, 1.0), sequences=max(float(len(samples)), 1.0), norm_length=norm_length)
 
 
 def micro_batch_loss(
@@ -92,6 +155,19 @@ def micro_batch_loss(
     logprobs, entropy = policy
     if entropy is None:
         raise ValueError("micro_batch_loss needs the policy's entropy (token_logprobs(..., with_entropy=True))")
+    weights: torch.Tensor | None = None
+    stats: dict[str, float] = {}
+    if objective.rollout_correction is not None:
+        weights, stats = correction_weights(
+            micro.old_logprobs,
+            micro.rollout_logprobs,
+            mask,
+            index,
+            objective.rollout_correction,
+            objective.rollout_correction_level,
+            objective.rollout_is_threshold,
+            objective.rollout_is_threshold_low,
+        )
     loss, clip = clipped_policy_loss(
         logprobs,
         micro.old_logprobs,
@@ -102,9 +178,12 @@ def micro_batch_loss(
         how,
         scale,
         index,
+        clip_ratio_c=objective.clip_ratio_c,
+        sequence_ratio=objective.policy_ratio == "sequence",
+        weights=weights,
     )
     n_tokens = float(mask.sum())
-    stats = {
+    stats |= {
         "train/entropy": float((entropy.detach() * mask).sum()),
         "train/clip_frac": float(clip.clip_frac) * n_tokens,
         "train/ratio_mean": float(clip.ratio_mean) * n_tokens,

@@ -53,7 +53,11 @@ def samples(tiny_model_dir) -> list[TrainingSample]:
 def test_chunked_loss_and_gradients_equal_the_full_logits_path(tiny_model_dir, samples, aggregation, packing):
     torch.manual_seed(0)
     module = GRPOModule(
-        str(tiny_model_dir), loss_aggregation=aggregation, sequence_packing=packing, micro_batch_tokens=64
+        str(tiny_model_dir),
+        loss_aggregation=aggregation,
+        sequence_packing=packing,
+        micro_batch_tokens=64,
+        loss_norm_length=16,
     )
     module.configure_model()
     plain_stats, plain = gradients(module, samples, chunk_tokens=0)

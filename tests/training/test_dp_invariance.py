@@ -1,5 +1,6 @@
-"""The same global batch gives the same update on 1 and on 2 FSDP2 processes, for every loss aggregation, with
-ranks holding unequal shares (tokens and sequences); a tensor-parallel mesh is refused rather than trained wrong.
+"""The same global batch gives the same update on 1 and on 2 FSDP2 processes, for every loss aggregation (and with
+the trainer's old log-probs and rollout correction, and GSPO with dual-clip), with ranks holding unequal shares
+(tokens and sequences); a tensor-parallel mesh is refused rather than trained wrong.
 
 The two processes run ``GRPOModule.accumulate_gradients`` under gloo with a real FSDP2-sharded policy; the full
 gradients (gathered from the shards) must equal one process's over all the samples.
@@ -23,6 +24,12 @@ from lit_agentrl.module import GRPOModule
 
 pytestmark = pytest.mark.slow  # starts two processes
 
+CASES = {
+    **{aggregation: {"loss_aggregation": aggregation, "loss_norm_length": 16} for aggregation in AGGREGATIONS},
+    # The trainer's old log-probs (recomputed under FSDP2) with TIS, and GSPO's sequence ratio with dual-clip.
+    "trainer+tis": {"old_logprobs": "trainer", "rollout_correction": "tis", "rollout_is_threshold": 1.5},
+    "gspo+dual-clip": {"policy_ratio": "sequence", "clip_ratio_c": 3.0, "loss_aggregation": "seq-mean-token-mean"},
+}
 RANK_SHARES = ((5, 7, 3, 9), (31, 40))
 """Sample lengths per rank: 24 tokens in 4 sequences against 71 in 2 (and 1 micro-batch against 2 at 64 tokens)."""
 BUDGET = 64
@@ -35,12 +42,15 @@ def make_samples(vocab: int) -> list[TrainingSample]:
         ids = torch.randint(3, vocab, (length + 1,), generator=g).tolist()
         mask = [0] * (length // 3) + [1] * (length - length // 3)
         old = (-torch.rand(length, generator=g)).tolist()
-        samples.append(TrainingSample(ids[:-1], ids[1:], mask, old, float(torch.randn(1, generator=g))))
+        advantage = float(torch.randn(1, generator=g))
+        samples.append(TrainingSample(ids[:-1], ids[1:], mask, old, advantage, rollout_logprobs=list(old)))
     return samples
 
 
 def gradients(module: GRPOModule, samples: list[TrainingSample]) -> dict[str, torch.Tensor]:
     module.policy.zero_grad(set_to_none=True)
+    if module.objective.old_logprobs == "trainer":
+        module.recompute_old_logprobs(samples)
     module.accumulate_gradients(samples)
     grads = {}
     for name, param in module.policy.named_parameters():
@@ -56,13 +66,13 @@ def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     try:
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
         results: dict[str, object] = {}
-        for aggregation in AGGREGATIONS:
-            module = GRPOModule(model_dir, loss_aggregation=aggregation, micro_batch_tokens=BUDGET)
+        for case, settings in CASES.items():
+            module = GRPOModule(model_dir, micro_batch_tokens=BUDGET, **settings)
             module._device_mesh = mesh  # what ModelParallelStrategy sets before configure_model
             module.configure_model()
             samples = make_samples(module.policy.config.vocab_size)
             share = samples[: len(RANK_SHARES[0])] if rank == 0 else samples[len(RANK_SHARES[0]) :]
-            results[aggregation] = gradients(module, share)
+            results[case] = gradients(module, share)
         tp_mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("data_parallel", "tensor_parallel"))
         module = GRPOModule(model_dir)
         module._device_mesh = tp_mesh
@@ -82,10 +92,10 @@ def test_one_and_two_processes_give_the_same_gradients(tiny_model_dir, tmp_path)
     mp.spawn(worker, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
     two = torch.load(tmp_path / "two_process.pt")
     assert "tensor_parallel_size=2 is not supported" in str(two["tensor_parallel"])
-    for aggregation in AGGREGATIONS:
-        module = GRPOModule(str(tiny_model_dir), loss_aggregation=aggregation, micro_batch_tokens=BUDGET)
+    for case, settings in CASES.items():
+        module = GRPOModule(str(tiny_model_dir), micro_batch_tokens=BUDGET, **settings)
         module.configure_model()
         one = gradients(module, make_samples(module.policy.config.vocab_size))
-        assert one.keys() == two[aggregation].keys()
+        assert one.keys() == two[case].keys()
         for name, grad in one.items():
-            torch.testing.assert_close(two[aggregation][name], grad, atol=1e-6, rtol=1e-4, msg=f"{aggregation}: {name}")
+            torch.testing.assert_close(two[case][name], grad, atol=1e-6, rtol=1e-4, msg=f"{case}: {name}")

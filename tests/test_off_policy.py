@@ -1,0 +1,125 @@
+"""Issue 12's algorithm options against values worked out by hand: dual-clip, GSPO's sequence ratio, Dr. GRPO's
+constant normaliser, the rollout correction (TIS, MIS), where the old log-probs come from."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_agentrl.batching import TrainingSample, prepare_samples
+from lit_agentrl.correction import correction_weights
+from lit_agentrl.losses import LossScale, aggregate, clipped_policy_loss
+from lit_agentrl.objective import Objective
+from lit_agentrl.types import Trajectory
+
+LOG = math.log
+
+
+def policy_loss(new: list[float], old: list[float], advantage: float, **kwargs) -> float:
+    row = torch.tensor([new])
+    loss, _ = clipped_policy_loss(row, torch.tensor([old]), torch.tensor([advantage]), torch.ones_like(row), **kwargs)
+    return float(loss)
+
+
+def test_dual_clip_caps_the_loss_of_negative_advantages_at_c():
+    # r = 0.5 / 0.1 = 5, clipped to 1.2. A = -1: -min(5 * -1, 1.2 * -1) = 5; dual-clip at c = 3 caps it at 3.
+    assert policy_loss([LOG(0.5)], [LOG(0.1)], -1.0) == pytest.approx(5.0)
+    assert policy_loss([LOG(0.5)], [LOG(0.1)], -1.0, clip_ratio_c=3.0) == pytest.approx(3.0)
+    # A = +1: -min(5, 1.2) = -1.2 with or without it.
+    assert policy_loss([LOG(0.5)], [LOG(0.1)], 1.0, clip_ratio_c=3.0) == pytest.approx(-1.2)
+
+
+def test_gspo_takes_one_ratio_per_sequence_and_clips_it_as_one():
+    # Sequence 0: token ratios 2 and 1/2, geometric mean 1 (inside the clip range): every token gets the gradient
+    # -r A / tokens = -1 * 1 / 4 under token-mean. Sequence 1: ratios 3 and 3, mean 3 > 1.2: clipped, no gradient.
+    old = torch.tensor([[LOG(0.25), LOG(0.5)], [LOG(0.1), LOG(0.1)]])
+    new = torch.tensor([[LOG(0.5), LOG(0.25)], [LOG(0.3), LOG(0.3)]], requires_grad=True)
+    mask, advantages = torch.ones(2, 2), torch.tensor([1.0, 1.0])
+    loss, stats = clipped_policy_loss(new, old, advantages, mask, sequence_ratio=True)
+    loss.backward()
+    assert float(loss) == pytest.approx((-1.0 - 1.0 - 1.2 - 1.2) / 4)
+    torch.testing.assert_close(new.grad, torch.tensor([[-0.25, -0.25], [0.0, 0.0]]))
+    assert float(stats.ratio_mean) == pytest.approx((1 + 1 + 3 + 3) / 4)
+    # Token-level ratios would clip token (0, 0) (r = 2) and not token (0, 1) (r = 0.5: gradient -0.5 / 4).
+    new.grad = None
+    clipped_policy_loss(new, old, advantages, mask)[0].backward()
+    torch.testing.assert_close(new.grad[0], torch.tensor([0.0, -0.125]))
+
+
+def test_dr_grpo_divides_each_sequences_token_sum_by_a_constant_length():
+    values = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    # sequence sums 2 and 3, mean 2.5, over the constant length 10
+    scale = LossScale(tokens=5.0, sequences=2.0, norm_length=10.0)
+    assert float(aggregate(values, mask, "seq-mean-token-sum-norm", scale)) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match=r"model\.loss_norm_length"):
+        Objective(loss_aggregation="seq-mean-token-sum-norm")
+
+
+# Trainer (pi_old) 0.5, 0.5, 0.9 and engine (mu) 0.1, 0.5, 0.3 on three trained tokens: w = 5, 1, 3.
+OLD = torch.tensor([[LOG(0.5), LOG(0.5), LOG(0.9)]])
+ROLLOUT = torch.tensor([[LOG(0.1), LOG(0.5), LOG(0.3)]])
+MASK = torch.ones(1, 3)
+INDEX = torch.zeros(1, 3, dtype=torch.long)
+
+
+def test_tis_truncates_the_weights_at_c_and_reports_the_mismatch():
+    weights, stats = correction_weights(OLD, ROLLOUT, MASK, INDEX, "tis", threshold=2.0)
+    torch.testing.assert_close(weights, torch.tensor([[2.0, 1.0, 2.0]]))
+    assert stats["train/is_weight_mean"] == pytest.approx(5.0)  # a sum over tokens, divided by their count later
+    assert stats["train/is_clipped_frac"] == pytest.approx(2.0)
+    assert stats["train/mismatch_ratio_max"] == pytest.approx(5.0)
+    # k3 with d = log mu - log pi_old: (0.2 - ln 0.2 - 1) + 0 + (1/3 - ln(1/3) - 1)
+    assert stats["train/mismatch_kl"] == pytest.approx((0.2 - LOG(0.2) - 1) + (1 / 3 - LOG(1 / 3) - 1))
+
+
+def test_mis_drops_tokens_or_whole_sequences_outside_the_band():
+    weights, stats = correction_weights(OLD, ROLLOUT, MASK, INDEX, "mis", threshold=2.0)  # band [0.5, 2]
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 1.0, 0.0]]))
+    assert stats["train/is_clipped_frac"] == pytest.approx(2.0)
+    # the sequence's geometric mean (5 * 1 * 3) ** (1/3) = 2.47 > 2: every token dropped; with C = 3 all kept
+    weights, _ = correction_weights(OLD, ROLLOUT, MASK, INDEX, "mis", level="sequence", threshold=2.0)
+    torch.testing.assert_close(weights, torch.zeros(1, 3))
+    weights, _ = correction_weights(OLD, ROLLOUT, MASK, INDEX, "mis", level="sequence", threshold=3.0)
+    torch.testing.assert_close(weights, torch.ones(1, 3))
+
+
+def test_rollout_correction_needs_the_trainers_old_logprobs():
+    with pytest.raises(ValueError, match=r"needs model\.old_logprobs: trainer"):
+        Objective(rollout_correction="tis")
+    with pytest.raises(ValueError, match=r"model\.old_logprobs must be one of"):
+        Objective(old_logprobs="reference")
+    with pytest.raises(ValueError, match=r"model\.clip_ratio_c"):
+        Objective(clip_ratio_c=0.5)
+
+
+def trajectory(agent: str, logprobs: list[float] | None) -> Trajectory:
+    return Trajectory(0, 0, agent, [1, 2], [1, 2, 3, 4], [0, 0, 1, 1], logprobs, reward=1.0)
+
+
+def test_missing_engine_logprobs_are_an_error_naming_the_agent_not_zeros():
+    with pytest.raises(ValueError, match=r"agent\(s\) \['my_agent'\] returned trajectories without response_logprobs"):
+        prepare_samples([trajectory("my_agent", None), trajectory("other", [-0.1, -0.2])])
+    (sample,) = prepare_samples([trajectory("my_agent", None)], need_rollout_logprobs=False).samples
+    assert sample.rollout_logprobs is None  # the trainer fills old_logprobs
+    (sample,) = prepare_samples([trajectory("a", [-0.1, -0.2])]).samples
+    assert sample.old_logprobs == sample.rollout_logprobs == [0.0, -0.1, -0.2]
+
+
+def test_the_trainers_old_logprobs_make_the_first_update_exactly_on_policy(tiny_model_dir):
+    from lit_agentrl.module import GRPOModule
+
+    module = GRPOModule(str(tiny_model_dir), old_logprobs="trainer", micro_batch_tokens=32)
+    module.configure_model()
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for length in (9, 14, 6, 20):
+        ids = torch.randint(3, module.policy.config.vocab_size, (length + 1,), generator=g).tolist()
+        mask = [0] * 3 + [1] * (length - 3)
+        samples.append(TrainingSample(ids[:-1], ids[1:], mask, [-9.0] * length, advantage=float(length % 3 - 1)))
+    module.recompute_old_logprobs(samples)
+    assert all(-9.0 not in s.old_logprobs for s in samples)
+    stats = module.accumulate_gradients(samples)
+    assert stats["train/ratio_mean"] == 1.0 and stats["train/approx_kl"] == 0.0 and stats["train/clip_frac"] == 0.0
