@@ -88,8 +88,9 @@ class GRPOModule(L.LightningModule):
         clip_ratio_high: PPO clip above (ratio <= 1 + high); > low is DAPO's clip-higher.
         kl_coef: weight of the k3 KL to a frozen copy of the initial policy (0 disables it, and no copy is made).
         entropy_coef: weight of an entropy bonus (0: entropy is reported only).
-        loss_aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum`` (any name in
-            :data:`lit_agentrl.losses.AGGREGATIONS`).
+        loss_aggregation: ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum`` or Dr. GRPO's
+            ``seq-mean-token-sum-norm`` (with ``loss_norm_length``), or any name in
+            :data:`lit_agentrl.losses.AGGREGATIONS`.
         normalize_advantage_std: divide advantages by the group's std (GRPO); False is Dr. GRPO.
         mini_batches: optimizer steps per rollout batch (the batch's samples split evenly).
         micro_batch_tokens: token budget of one forward/backward (rows x padded length).
