@@ -55,7 +55,8 @@ def correction_weights(
             weights, corrected = kept.to(w.dtype), ~kept
         delta = (rollout_logprobs - old_logprobs).float().clamp(-20.0, 20.0)  # log mu - log pi_old
         stats = {
-            "train/mismatch_kl": float(((delta.exp() - delta - 1.0) * m).sum()),  # k3 of KL(pi_old || mu)
+            # k3 of KL(pi_old || mu), >= 0 (clamped: for tiny d its float rounding can dip below)
+            "train/mismatch_kl": float(((delta.exp() - delta - 1.0).clamp(min=0.0) * m).sum()),
             "train/is_weight_mean": float((weights * m).sum()),
             "train/is_clipped_frac": float((corrected.to(m.dtype) * m).sum()),
             "train/mismatch_ratio_max": float((token_w * m).max()) if m.any() else 1.0,
