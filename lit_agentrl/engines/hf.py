@@ -6,6 +6,8 @@ batch between decode steps, finished rows leave it at once, so they stop costing
 asyncio loop that runs the agents is never blocked by model compute. Identical prompts admitted together
 are prefilled once, and a request that extends a finished one (an agent's next turn) prefills only its new
 tokens, from the finished request's KV kept in a :class:`~lit_agentrl.engines.prefix_cache.PrefixCache`.
+Each request counts its own generated tokens (for the frequency, presence and repetition penalties) and, when it
+has ``stop`` strings, looks for them in its decoded output with the model's tokenizer, loaded on first need.
 
 This module is the API and the scheduler; the running batch and its KV cache live in
 :mod:`~lit_agentrl.engines.running_batch`, the sampler in :mod:`~lit_agentrl.engines.sampling`.
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from lit_agentrl.dtypes import torch_dtype
 from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors
@@ -47,8 +49,10 @@ class _Request:
     return_logprob: bool
     future: concurrent.futures.Future
     rng: random.Random
+    stop_window: int = 0  # trailing output tokens decoded to look for stop strings (0: none)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    counts: torch.Tensor | None = None  # [V]: how often this request generated each token (penalties only)
 
     @property
     def next_position(self) -> int:
@@ -73,8 +77,19 @@ class TransformersEngine(RolloutEngine):
         prefix_cache_mb: memory for finished requests' KV, reused by requests that extend them (0: off).
             Flushed by every weight update, as SGLang flushes its radix cache.
 
-    Logprobs are those of the sampled token under the temperature-scaled distribution (before top-k/top-p
-    truncation), which is what the trainer recomputes; greedy requests (temperature 0) use the raw logits.
+    Sampling follows SGLang (:mod:`~lit_agentrl.engines.sampling`): frequency/presence/repetition penalties on
+    the request's generated tokens (not its prompt), on the raw logits, before temperature and truncation.
+    Logprobs are those of the sampled token under the temperature-scaled distribution of the penalised logits
+    (before top-k/top-p/min-p truncation), as SGLang returns them; without penalties that is what the trainer
+    recomputes. Greedy requests (temperature 0) use temperature 1.
+
+    ``stop`` strings (SGLang 0.5.23's semantics, ``sglang/srt/managers/schedule_batch.py`` 1911-1932, 2007-2040):
+    after each token the last ``stop_window`` output tokens are decoded with the model's tokenizer (loaded from
+    ``model_path`` on the first request that has stop strings); when one of the strings occurs there, the request
+    finishes with ``{"type": "stop", "matched": <the string>}``, keeping every token generated so far in
+    ``output_ids`` (SGLang trims the stop string from its text only, never from the ids: ``output_ids_through_stop``,
+    1509-1513, "Stop position is included"). Stop strings are checked
+    before stop tokens and before the length limit, and ``ignore_eos`` does not turn them off.
 
     Example::
 
@@ -123,6 +138,8 @@ class TransformersEngine(RolloutEngine):
         self.seed = seed
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * (1 << 20))) if prefix_cache_mb > 0 else None
         self._requests_submitted = 0  # with ``seed``, determines every request's sampling stream
+        self._tokenizer: Any = None  # loaded for the first request with ``stop`` strings
+        self._tokenizer_lock = threading.Lock()  # requests are tokenized on the caller's thread, decoded on ours
         # Model compute so far (prefills, decode steps, sampling), for the step breakdown.
         self.busy_seconds: float = 0.0
         self._waiting: queue.Queue[_Request | None] = queue.Queue()
@@ -239,20 +256,43 @@ class TransformersEngine(RolloutEngine):
         params_list = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} sampling_params")
-        futures = []
+        checked = []
         for prompt, raw in zip(prompts, params_list):
             params = SamplingParams.from_dict(raw)
             if not prompt:
                 raise ValueError("async_generate: a prompt has no tokens")
+            checked.append((prompt, params, self._stop_window(params)))
+        futures = []
+        for prompt, params, window in checked:
             for _ in range(params.n):
-                futures.append(self._enqueue(list(prompt), params, return_logprob))
+                futures.append(self._enqueue(list(prompt), params, return_logprob, window))
         return futures, batched or len(futures) > 1
 
-    def _enqueue(self, prompt: list[int], params: SamplingParams, return_logprob: bool) -> concurrent.futures.Future:
+    def _stop_window(self, params: SamplingParams) -> int:
+        """How many trailing output tokens to decode for ``params.stop`` (0 without stop strings)."""
+        if not params.stop:
+            return 0
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                try:  # as SGLang loads it (sglang/srt/utils/hf_transformers/tokenizer.py get_tokenizer)
+                    tokenizer = AutoTokenizer.from_pretrained(self.model_path, clean_up_tokenization_spaces=False)
+                    if len(tokenizer) <= 1:  # transformers 5 builds an empty one where there are no tokenizer files
+                        raise ValueError("no tokenizer files there")
+                except (OSError, ValueError) as exc:
+                    raise ValueError(
+                        f"sampling_params.stop: matching stop strings needs the model's tokenizer, and none loads from "
+                        f"{self.model_path!r} ({exc}); use stop_token_ids"
+                    ) from exc
+                self._tokenizer = tokenizer
+            return params.stop_window(self._tokenizer)
+
+    def _enqueue(
+        self, prompt: list[int], params: SamplingParams, return_logprob: bool, stop_window: int
+    ) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         stream = params.sampling_seed if params.sampling_seed is not None else (self.seed, self._requests_submitted)
         self._requests_submitted += 1
-        request = _Request(prompt, params, return_logprob, future, random.Random(str(stream)))
+        request = _Request(prompt, params, return_logprob, future, random.Random(str(stream)), stop_window)
         if params.max_new_tokens == 0:
             future.set_result(self._result(request, {"type": "length", "length": 0}))
         else:
@@ -375,11 +415,14 @@ class TransformersEngine(RolloutEngine):
     def _sample_and_finish(self, batch: RunningBatch[_Request], logits: torch.Tensor, rows: range) -> None:
         requests = [batch.requests[i] for i in rows]
         uniforms = torch.tensor([r.rng.random() for r in requests], device=logits.device)
-        tokens, logprobs = sample_tokens(logits.float(), [r.params for r in requests], uniforms)
+        counts = self._generated_counts(requests, logits)
+        tokens, logprobs = sample_tokens(logits.float(), [r.params for r in requests], uniforms, counts)
         finished: list[tuple[int, _Request, dict[str, Any]]] = []
         for row, request, token, logprob in zip(rows, requests, tokens.tolist(), logprobs.tolist()):
             request.output_ids.append(token)
             request.logprobs.append(logprob)
+            if request.counts is not None:
+                request.counts[token] += 1
             reason = self._finish_reason(request, token)
             if reason is not None:
                 finished.append((row, request, reason))
@@ -391,17 +434,51 @@ class TransformersEngine(RolloutEngine):
         # Results go out last: each wakes an agent on the event loop, whose Python would then contend for the GIL
         # with this thread's many small tensor operations (measured: 1 s of a 1.9 s multi-turn rollout).
         for _, request, reason in finished:
+            request.counts = None
             request.future.set_result(self._result(request, reason))
         batch.drop([row for row, _, _ in finished])
 
+    @staticmethod
+    def _generated_counts(requests: list[_Request], logits: torch.Tensor) -> torch.Tensor | None:
+        """[B, V] counts of each row's generated tokens when any row has a penalty (rows without one: zeros), else
+        None. Each penalised request keeps its own counts, from its first sampled token on, wherever its row goes.
+        """
+        penalised = [i for i, r in enumerate(requests) if r.params.penalised]
+        if not penalised:
+            return None
+        counts = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+        for i in penalised:
+            request = requests[i]
+            if request.counts is None:  # first token: nothing generated yet (prompts are not counted)
+                request.counts = counts.new_zeros(logits.shape[-1])
+            counts[i] = request.counts
+        return counts
+
     def _finish_reason(self, request: _Request, token: int) -> dict[str, Any] | None:
         params = request.params
+        # Stop strings come first, ignore_eos or not (schedule_batch.py 2023-2043: strings, then tokens, then length).
+        if request.stop_window:
+            matched = self._matched_stop_string(request)
+            if matched is not None:
+                return {"type": "stop", "matched": matched}
         # As in SGLang, ignore_eos turns off every token-based stop, stop_token_ids included.
         if not params.ignore_eos and (token in params.stop_token_ids or token in self.eos_token_ids):
             return {"type": "stop", "matched": token}
         if len(request.output_ids) >= params.max_new_tokens:
             return {"type": "length", "length": len(request.output_ids)}
         return None
+
+    def _matched_stop_string(self, request: _Request) -> str | None:
+        """The first of the request's stop strings in its decoded last ``stop_window`` output tokens, if any.
+
+        SGLang's ``Req.tail_str`` / ``_check_str_based_finish`` (``sglang/srt/managers/schedule_batch.py`` 1807-1830,
+        1911-1932): the
+        window is the longest stop string's length in tokens plus one, so a string spelled by more tokens than its
+        own encoding has can be missed, as SGLang misses it; an empty string matches at once.
+        """
+        with self._tokenizer_lock:
+            tail = self._tokenizer.decode(request.output_ids[-request.stop_window :])
+        return next((s for s in request.params.stop if s in tail), None)
 
     @staticmethod
     def _result(request: _Request, finish_reason: dict[str, Any]) -> GenerateResult:

@@ -1,21 +1,52 @@
 """Sampling in SGLang's vocabulary: the parameters, validated once before any request is queued, and the
-transformers engine's sampler, which truncates as SGLang's sampler does."""
+transformers engine's sampler, which penalises and truncates as SGLang's sampler does.
+
+Semantics follow SGLang 0.5.23 (paths and lines below are under ``sglang/srt/`` in that release):
+
+- Defaults and ranges: ``sampling/sampling_params.py`` 149-181 and ``verify`` 252-279.
+- Penalties count the request's own generated tokens only, never its prompt: the penalisers are fed each newly
+  sampled token (``penaltylib/frequency_penalty.py`` 39-47, ``presence_penalty.py`` 39-47,
+  ``repetition_penalty.py`` 52-60, fed by ``managers/schedule_batch.py`` 3715-3735). They act on the raw logits,
+  before temperature scaling and top-k/top-p/min-p (``model_executor/model_runner.py`` 2075-2093 penalises before
+  ``layers/sampler.py`` 275 divides by the temperature): first the additive ones, ``logit - frequency_penalty *
+  count - presence_penalty * [count > 0]``, then the repetition penalty on the result, which multiplies a negative
+  logit of a token generated before and divides any other (``sampling/sampling_batch_info.py`` 426-437,
+  ``penaltylib/repetition_penalty.py`` 10-16).
+- Returned logprobs are taken after the penalties: SGLang's sampler computes them from the logits it is handed,
+  already penalised (``layers/sampler.py`` 219-223 greedy, 306-316 sampled). They are therefore not what the
+  trainer recomputes from the policy whenever a penalty is on.
+- ``stop`` strings are matched on the decoded tail of the output (:meth:`SamplingParams.stop_window`); they need a
+  tokenizer, and SGLang refuses them under ``skip_tokenizer_init`` (``sampling/sampling_params.py`` 440-457, called
+  for every request at ``managers/tokenizer_manager.py`` 1566).
+
+SGLang itself departs from the penalty semantics above in two ways, measured on the tiny model (see
+``tests/engines/test_sglang_penalties.py``): its default overlap scheduler counts one token late (a decode step is
+prepared before the previous step's token reaches the request, ``managers/scheduler.py`` 2084 and 2120, so the
+prompt's last token is counted from the second output token on and the token just generated is not), and without
+overlap it applies the penalties in the order of a set of classes (``sampling/sampling_batch_info.py`` 276-285,
+``penaltylib/orchestrator.py`` 67-69), frequency, repetition, presence in our runs. Both are left out here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+
+MAX_STOP_COUNT = 32  # SGLang's limit on stop strings (sampling/sampling_params.py 44, checked at 339)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """The subset of SGLang's ``sampling_params`` that a token-in/token-out rollout uses.
 
-    Keys and defaults follow SGLang, so the same dict drives both engines. ``stop`` (strings) is not
-    supported: engines run with ``skip_tokenizer_init``, so stopping is by token id (``stop_token_ids``).
+    Keys, defaults and valid ranges follow SGLang (``SamplingParams.verify``), so the same dict drives both
+    engines: ``frequency_penalty`` and ``presence_penalty`` in [-2, 2] (0: off), ``repetition_penalty`` in
+    (0, 2] (1: off), ``stop``: a string or a list of at most 32 strings, which ends generation when the decoded
+    output contains one (needs the model's tokenizer; SGLang engines run with ``skip_tokenizer_init`` and so
+    cannot honour it, see :meth:`check_without_tokenizer`).
     """
 
     max_new_tokens: int = 128
@@ -23,6 +54,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     n: int = 1
@@ -38,6 +73,11 @@ class SamplingParams:
             raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys are {sorted(known)}")
         if "stop_token_ids" in params:
             params["stop_token_ids"] = tuple(int(t) for t in (params["stop_token_ids"] or ()))
+        if "stop" in params:
+            params["stop"] = _stop_strings(params["stop"], where)
+        for key in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
+            if key in params and params[key] is None:  # SGLang reads None as the default
+                del params[key]
         sp = cls(**params)
         sp._check(where)
         return sp
@@ -49,23 +89,95 @@ class SamplingParams:
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (self.top_k == -1 or self.top_k >= 1, "top_k must be -1 (off) or >= 1"),
             (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2] (0 = off)"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2] (0 = off)"),
+            (0.0 < self.repetition_penalty <= 2.0, "repetition_penalty must be in (0, 2] (1 = off)"),
             (self.n >= 1, "n must be >= 1"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"{where}: {message}; got {self}")
 
+    @property
+    def penalised(self) -> bool:
+        """Whether any of the three penalties is on (SGLang's penalisers' ``_is_required``)."""
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def stop_window(self, tokenizer: Any) -> int:
+        """How many trailing output tokens are decoded to look for the stop strings: SGLang's
+        ``stop_str_max_len + 1``, the longest stop string's length in tokens plus one
+        (``sampling/sampling_params.py`` 345-352, ``managers/schedule_batch.py`` 1807-1830).
+        """
+        return 1 + max((len(tokenizer.encode(s, add_special_tokens=False)) for s in self.stop), default=0)
+
+    def check_without_tokenizer(self, engine: str, where: str = "sampling_params") -> None:
+        """Refuse what an engine without a tokenizer cannot honour: ``stop`` strings.
+
+        SGLang engines run with ``skip_tokenizer_init=True``; SGLang 0.5.23 then has no tokenizer
+        (``managers/tokenizer_manager.py`` 639-640) and refuses ``stop`` on every request
+        (``sampling/sampling_params.py`` 453-457), so such an engine calls this before any request is sent.
+        """
+        if self.stop:
+            raise ValueError(
+                f"{where}.stop={list(self.stop)!r}: engine {engine!r} runs SGLang with skip_tokenizer_init=True, "
+                "where SGLang has no tokenizer to decode the output and refuses stop strings; use stop_token_ids, "
+                "or the transformers engine"
+            )
+
+
+def _stop_strings(stop: Any, where: str) -> tuple[str, ...]:
+    """SGLang's ``stop``: None, a string or a list of strings (at most :data:`MAX_STOP_COUNT`), as a tuple."""
+    if stop is None:
+        return ()
+    strings = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, Sequence) else None
+    if strings is None or not all(isinstance(s, str) for s in strings):
+        raise ValueError(f"{where}: stop must be a string or a list of strings; got {stop!r}")
+    if len(strings) > MAX_STOP_COUNT:
+        raise ValueError(f"{where}: stop takes at most {MAX_STOP_COUNT} strings (SGLang's limit); got {len(strings)}")
+    return strings
+
+
+def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], counts: torch.Tensor) -> torch.Tensor:
+    """SGLang's frequency, presence and repetition penalties, per row; returns the penalised logits.
+
+    logits: [B, V] raw (not temperature-scaled); counts: [B, V], how often each row has generated each token
+    (its prompt not counted). Additive penalties first, then the repetition penalty on their result, as
+    ``sampling/sampling_batch_info.py`` 426-433 adds ``acc_additive_penalties`` and then applies
+    ``acc_scaling_penalties`` (SGLang's default, overlap-scheduled path).
+    """
+    device = logits.device
+    frequency = torch.tensor([p.frequency_penalty for p in params], device=device).unsqueeze(-1)
+    presence = torch.tensor([p.presence_penalty for p in params], device=device).unsqueeze(-1)
+    repetition = torch.tensor([p.repetition_penalty for p in params], device=device).unsqueeze(-1)
+    seen = counts > 0
+    # penaltylib/frequency_penalty.py 39-47 and presence_penalty.py 39-47: ``logits.sub_(cumulated)``, cumulated =
+    # the penalty per occurrence (scatter_add_) and the penalty once per token seen (scatter_).
+    penalised = logits - frequency * counts - presence * seen
+    # penaltylib/repetition_penalty.py 10-16 and 52-56: seen tokens get the penalty, others 1;
+    # ``where(logits < 0, logits * scale, logits / scale)`` (a zero logit is divided, and stays zero).
+    scale = torch.where(seen, repetition, torch.ones_like(repetition))
+    return torch.where(penalised < 0, penalised * scale, penalised / scale)
+
 
 def sample_tokens(
-    logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    uniforms: torch.Tensor,
+    counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row with per-row temperature/top-k/top-p/min-p; returns (tokens, logprobs).
+    """Sample one token per row with per-row penalties/temperature/top-k/top-p/min-p; returns (tokens, logprobs).
 
     logits: [B, V] float32; uniforms: [B] in [0, 1), one draw from each row's own stream (inverse-CDF
-    sampling), so a row's tokens do not depend on which other rows share its batch. The logprob is that
-    of the sampled token under softmax(logits / T) (raw logits for greedy rows), i.e. before truncation,
-    matching what the trainer recomputes.
+    sampling), so a row's tokens do not depend on which other rows share its batch. counts: [B, V] generated
+    token counts per row, needed when a row has a penalty (:func:`apply_penalties`; None: no row has one).
+    The logprob is that of the sampled token under softmax(penalised logits / T) (greedy rows: T = 1), i.e.
+    after the penalties and before truncation, as SGLang returns it; without penalties that is what the trainer
+    recomputes.
     """
+    if counts is not None:
+        logits = apply_penalties(logits, params, counts)
+    elif any(p.penalised for p in params):
+        raise ValueError("sample_tokens: a row has a penalty but no generated-token counts were given")
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)
     greedy = temperature == 0

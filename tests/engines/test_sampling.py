@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
-from lit_agentrl.engines.sampling import SamplingParams, _truncate, sample_tokens
+from lit_agentrl.engines.sampling import SamplingParams, _truncate, apply_penalties, sample_tokens
 
 
 def kept(probs: list[float], **params: float) -> list[int]:
@@ -41,3 +42,109 @@ def test_each_row_is_truncated_and_sampled_by_its_own_settings():
         alone, alone_logprob = sample_tokens(logits[row : row + 1], params[row : row + 1], uniforms[row : row + 1])
         assert tokens[row] == alone[0] and logprobs[row] == alone_logprob[0]
     assert tokens[0] in logits[0].topk(3).indices and tokens[2] == logits[2].argmax()
+
+
+# ---------------------------------------------------------------- penalties (SGLang's penaltylib), hand-derived values
+
+LOGITS = [[2.0, -1.0, 0.5, 0.0]]
+COUNTS = [[2.0, 1.0, 0.0, 1.0]]  # token 0 generated twice, tokens 1 and 3 once, token 2 never
+
+
+def penalised(**params: float) -> list[float]:
+    out = apply_penalties(torch.tensor(LOGITS), [SamplingParams(**params)], torch.tensor(COUNTS))
+    return out[0].tolist()
+
+
+def test_frequency_penalty_subtracts_once_per_occurrence():
+    # 2 - 0.5*2, -1 - 0.5*1, 0.5 - 0, 0 - 0.5*1
+    assert penalised(frequency_penalty=0.5) == [1.0, -1.5, 0.5, -0.5]
+
+
+def test_presence_penalty_subtracts_once_per_token_seen():
+    # 2 - 0.5, -1 - 0.5, 0.5 (never generated), 0 - 0.5
+    assert penalised(presence_penalty=0.5) == [1.5, -1.5, 0.5, -0.5]
+
+
+def test_negative_penalties_encourage_repeats():
+    assert penalised(frequency_penalty=-1.0) == [4.0, 0.0, 0.5, 1.0]
+
+
+def test_repetition_penalty_divides_positive_logits_and_multiplies_negative_ones_of_seen_tokens():
+    # seen: 2/2 = 1, -1*2 = -2, 0/2 = 0 (zero is divided: sglang penaltylib/repetition_penalty.py
+    # apply_scaling_penalties takes the multiplication only for logits < 0); unseen token 2 keeps 0.5
+    assert penalised(repetition_penalty=2.0) == [1.0, -2.0, 0.5, 0.0]
+
+
+def test_repetition_penalty_below_one_rewards_seen_tokens():
+    assert penalised(repetition_penalty=0.5) == [4.0, -0.5, 0.5, 0.0]
+
+
+def test_additive_penalties_come_before_the_repetition_penalty():
+    # sglang sampling/sampling_batch_info.py _apply_pre_grammar_logits_transforms: add the additive sum, then scale.
+    # token 0: 2 - 0.75*2 - 0.25 = 0.25 -> /2 = 0.125; token 1: -1 - 0.75 - 0.25 = -2 -> *2 = -4
+    # token 3: 0 - 0.75 - 0.25 = -1 -> *2 = -2 (it turned negative, so it is multiplied, not divided)
+    assert penalised(frequency_penalty=0.75, presence_penalty=0.25, repetition_penalty=2.0) == [0.125, -4.0, 0.5, -2.0]
+
+
+def test_penalties_apply_before_temperature_and_logprobs_are_taken_after_them():
+    params = [SamplingParams(temperature=0.5, frequency_penalty=0.5)]
+    # penalised logits [1, -1.5, 0.5, -0.5], then / 0.5 -> [2, -3, 1, -1]; the draw 0.999 takes the last token
+    tokens, logprobs = sample_tokens(torch.tensor(LOGITS), params, torch.tensor([0.999]), torch.tensor(COUNTS))
+    expected = torch.log_softmax(torch.tensor([2.0, -3.0, 1.0, -1.0]), -1)
+    assert tokens.tolist() == [3]
+    torch.testing.assert_close(logprobs, expected[3:])
+
+
+def test_greedy_rows_take_the_argmax_of_the_penalised_logits_at_temperature_one():
+    params = [SamplingParams(temperature=0.0, frequency_penalty=1.0)]
+    tokens, logprobs = sample_tokens(torch.tensor(LOGITS), params, torch.tensor([0.5]), torch.tensor(COUNTS))
+    # penalised: [0, -2, 0.5, -1]: token 2 overtakes token 0
+    assert tokens.tolist() == [2]
+    torch.testing.assert_close(logprobs, torch.log_softmax(torch.tensor([0.0, -2.0, 0.5, -1.0]), -1)[2:3])
+
+
+def test_penalties_are_per_row_and_rows_without_one_are_untouched():
+    logits = torch.tensor(LOGITS * 3)
+    counts = torch.tensor(COUNTS * 3)
+    params = [SamplingParams(presence_penalty=0.5), SamplingParams(), SamplingParams(repetition_penalty=2.0)]
+    out = apply_penalties(logits, params, counts)
+    assert out.tolist() == [[1.5, -1.5, 0.5, -0.5], LOGITS[0], [1.0, -2.0, 0.5, 0.0]]
+
+
+def test_a_penalised_row_without_counts_is_an_error():
+    with pytest.raises(ValueError, match="counts"):
+        sample_tokens(torch.tensor(LOGITS), [SamplingParams(presence_penalty=0.1)], torch.tensor([0.5]))
+
+
+# ---------------------------------------------------------------- the new keys' validation (SGLang's ranges)
+
+
+@pytest.mark.parametrize(
+    "params, fragment",
+    [
+        ({"frequency_penalty": 2.5}, r"frequency_penalty must be in \[-2, 2\]"),
+        ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+        ({"presence_penalty": -2.01}, r"presence_penalty must be in \[-2, 2\]"),
+        ({"repetition_penalty": 0.0}, r"repetition_penalty must be in \(0, 2\]"),
+        ({"repetition_penalty": 2.5}, "repetition_penalty"),
+        ({"stop": [1, 2]}, "stop must be a string or a list of strings"),
+        ({"stop": ["x"] * 33}, "at most 32"),
+    ],
+)
+def test_out_of_range_keys_are_refused_by_name(params, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        SamplingParams.from_dict(params)
+
+
+def test_new_keys_follow_sglang_defaults_and_shapes():
+    params = SamplingParams.from_dict({"stop": "</s>", "frequency_penalty": None})
+    assert params.stop == ("</s>",) and params.frequency_penalty == 0.0
+    assert (params.presence_penalty, params.repetition_penalty) == (0.0, 1.0) and not params.penalised
+    assert SamplingParams.from_dict({"stop": ["a", "b"], "repetition_penalty": 1.1}).stop == ("a", "b")
+    assert SamplingParams.from_dict({"stop": None}).stop == ()
+
+
+def test_stop_strings_are_refused_where_there_is_no_tokenizer():
+    SamplingParams.from_dict({"presence_penalty": 1.0}).check_without_tokenizer("sglang")
+    with pytest.raises(ValueError, match=r"stop=\['\\n'\].*'sglang'.*skip_tokenizer_init"):
+        SamplingParams.from_dict({"stop": "\n"}).check_without_tokenizer("sglang")

@@ -163,7 +163,11 @@ def test_weight_update_rejects_unknown_name_and_bad_shape(engine):
         ({"top_p": 0}, "top_p"),
         ({"top_k": 0}, "top_k"),
         ({"max_new_tokens": -2}, "max_new_tokens"),
-        ({"stop": ["</s>"]}, "unknown key"),
+        ({"stop_regex": "</s>"}, "unknown key"),
+        ({"frequency_penalty": 3}, "frequency_penalty"),
+        ({"presence_penalty": -3}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"stop": 7}, "stop must be a string or a list of strings"),
     ],
 )
 def test_invalid_sampling_params_are_refused(engine, params, fragment):
@@ -209,3 +213,141 @@ def test_samples_do_not_depend_on_batch_company_and_reseed_replays(engine):
     a = engine.generate(input_ids=PROMPTS[2], sampling_params=per_request)["output_ids"]
     b = engine.generate(input_ids=PROMPTS[2], sampling_params=per_request)["output_ids"]
     assert a == b
+
+
+# ---------------------------------------------------------------- penalties and stop strings (SGLang's semantics)
+# The tiny random model, greedy, repeats its prompt's last token for ever (e.g. [5, 6, 7] -> 7, 7, 7, ...), and its
+# logits span less than 2, so a presence penalty of 2 takes any token already generated out of the running.
+
+
+def reference_penalised_greedy(model, prompt: list[int], n: int, fp=0.0, pp=0.0, rp=1.0) -> tuple[list[int], list]:
+    """Greedy decoding with SGLang's penalties written out from scratch: counts of generated tokens only, additive
+    penalties, then the repetition penalty, on raw logits; logprobs from the penalised logits."""
+    out: list[int] = []
+    logprobs = []
+    for _ in range(n):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + out])).logits[0, -1].clone()
+        for token in set(out):
+            logits[token] -= fp * out.count(token) + pp
+            logits[token] = logits[token] * rp if logits[token] < 0 else logits[token] / rp
+        out.append(int(logits.argmax()))
+        logprobs.append(float(torch.log_softmax(logits, -1)[out[-1]]))
+    return out, logprobs
+
+
+def test_presence_penalty_stops_greedy_repeats_and_the_prompt_is_not_counted(engine, policy_model):
+    plain = engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)["output_ids"]
+    assert plain == [7] * 10  # the prompt's last token, repeated
+    result = engine.generate(input_ids=PROMPTS[0], sampling_params={**GREEDY, "presence_penalty": 2.0})
+    out = result["output_ids"]
+    assert out[0] == 7  # the prompt's own 7 is not counted against it (SGLang counts output tokens only)
+    assert len(set(out)) == len(out) == 10  # every generated token is penalised by 2 > the logits' span
+    assert out == reference_penalised_greedy(policy_model, PROMPTS[0], 10, pp=2.0)[0]
+
+
+def test_frequency_penalty_counts_occurrences(engine, policy_model):
+    # A small frequency penalty lets the favourite come back once its rivals have been penalised as often.
+    params = {**GREEDY, "max_new_tokens": 12, "frequency_penalty": 0.3}
+    out = engine.generate(input_ids=PROMPTS[3], sampling_params=params)["output_ids"]
+    assert out == reference_penalised_greedy(policy_model, PROMPTS[3], 12, fp=0.3)[0]
+    assert 1 < len(set(out)) < len(out)  # some tokens repeat, and no token runs away with all of them
+
+
+def test_repetition_penalty_and_combined_penalties_match_the_reference(engine, policy_model):
+    for penalties, keys in [
+        ((0.0, 0.0, 2.0), {"repetition_penalty": 2.0}),
+        ((0.2, 0.1, 1.5), {"frequency_penalty": 0.2, "presence_penalty": 0.1, "repetition_penalty": 1.5}),
+    ]:
+        result = engine.generate(input_ids=PROMPTS[1], sampling_params={**GREEDY, **keys}, return_logprob=True)
+        expected, expected_logprobs = reference_penalised_greedy(policy_model, PROMPTS[1], 10, *penalties)
+        assert result["output_ids"] == expected, keys
+        # SGLang returns the logprobs of the penalised distribution (layers/sampler.py takes them from the logits
+        # model_runner.py _preprocess_logits has already penalised).
+        torch.testing.assert_close(
+            torch.tensor(output_logprobs(result)), torch.tensor(expected_logprobs), atol=1e-4, rtol=0
+        )
+
+
+def test_sampled_logprobs_are_of_the_penalised_logits_over_temperature(engine, policy_model):
+    params = {"temperature": 0.7, "max_new_tokens": 10, "ignore_eos": True, "frequency_penalty": 0.5}
+    result = engine.generate(input_ids=PROMPTS[2], sampling_params=params, return_logprob=True)
+    out = result["output_ids"]
+    expected = []
+    for k, token in enumerate(out):
+        with torch.no_grad():
+            logits = policy_model(torch.tensor([PROMPTS[2] + out[:k]])).logits[0, -1].clone()
+        for seen in set(out[:k]):
+            logits[seen] -= 0.5 * out[:k].count(seen)
+        expected.append(float(torch.log_softmax(logits / 0.7, -1)[token]))
+    torch.testing.assert_close(torch.tensor(output_logprobs(result)), torch.tensor(expected), atol=1e-4, rtol=0)
+
+
+def test_each_request_keeps_its_own_counts_in_a_changing_batch(engine, policy_model):
+    jobs = [
+        (PROMPTS[0], {**GREEDY, "max_new_tokens": 9, "presence_penalty": 2.0}, (0.0, 2.0, 1.0)),
+        (PROMPTS[1], {**GREEDY, "max_new_tokens": 3}, (0.0, 0.0, 1.0)),
+        (PROMPTS[0], {**GREEDY, "max_new_tokens": 6, "frequency_penalty": 0.3}, (0.3, 0.0, 1.0)),
+        (PROMPTS[3], {**GREEDY, "max_new_tokens": 12, "repetition_penalty": 1.8}, (0.0, 0.0, 1.8)),
+    ]
+
+    async def together():
+        return await asyncio.gather(*(engine.async_generate(input_ids=p, sampling_params=s) for p, s, _ in jobs))
+
+    for (prompt, params, penalties), result in zip(jobs, run(together())):
+        expected = reference_penalised_greedy(policy_model, prompt, params["max_new_tokens"], *penalties)[0]
+        assert result["output_ids"] == expected
+
+
+def test_a_later_turn_does_not_count_the_earlier_turns_output(engine, policy_model):
+    params = {**GREEDY, "max_new_tokens": 5, "presence_penalty": 2.0}
+    first = engine.generate(input_ids=PROMPTS[0], sampling_params=params)["output_ids"]
+    second_prompt = PROMPTS[0] + first + [40]  # extends the finished request: prefilled from the prefix cache
+    second = engine.generate(input_ids=second_prompt, sampling_params=params)["output_ids"]
+    assert second == reference_penalised_greedy(policy_model, second_prompt, 5, pp=2.0)[0]
+
+
+def penalised_greedy_text(engine, tokenizer, n=10):
+    out = engine.generate(
+        input_ids=PROMPTS[0], sampling_params={**GREEDY, "max_new_tokens": n, "presence_penalty": 2.0}
+    )
+    return out["output_ids"], [tokenizer.decode([t]) for t in out["output_ids"]]
+
+
+def test_a_stop_string_ends_generation_with_its_finish_reason(engine, tokenizer):
+    ids, pieces = penalised_greedy_text(engine, tokenizer)
+    stop = pieces[4] + pieces[5]  # the text of two generated tokens
+    end = next(k for k in range(1, 11) if stop in "".join(pieces[:k]))  # the first token that completes it
+    result = engine.generate(
+        input_ids=PROMPTS[0], sampling_params={**GREEDY, "presence_penalty": 2.0, "stop": ["never there", stop]}
+    )
+    # ignore_eos (in GREEDY) does not turn stop strings off; the ids keep the stop string's tokens, as SGLang's
+    # output_ids_through_stop does (schedule_batch.py: "Stop position is included"); only its text is trimmed.
+    assert result["output_ids"] == ids[:end]
+    assert result["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert result["meta_info"]["completion_tokens"] == end
+
+
+def test_a_stop_string_on_the_last_allowed_token_is_a_stop_not_a_length(engine, tokenizer):
+    ids, pieces = penalised_greedy_text(engine, tokenizer, n=4)
+    params = {**GREEDY, "max_new_tokens": 4, "presence_penalty": 2.0, "stop": pieces[3]}
+    assert pieces[3] not in "".join(pieces[:3])  # the premise: it first occurs in the fourth token
+    result = engine.generate(input_ids=PROMPTS[0], sampling_params=params)
+    assert result["output_ids"] == ids
+    assert result["meta_info"]["finish_reason"] == {"type": "stop", "matched": pieces[3]}
+
+
+def test_stop_strings_without_a_tokenizer_are_refused_by_name(tiny_model_dir, tmp_path):
+    import shutil
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(tiny_model_dir / name, model_dir / name)
+    engine = TransformersEngine(str(model_dir))
+    try:
+        with pytest.raises(ValueError, match=r"sampling_params\.stop: .*tokenizer"):
+            engine.generate(input_ids=[1, 2], sampling_params={"stop": ["x"]})
+        assert engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2, "ignore_eos": True})
+    finally:
+        engine.shutdown()
