@@ -202,8 +202,12 @@ class ChatModel(BaseChatModel):
         if len(out_logprobs) != len(output_ids):
             raise ValueError(f"engine returned {len(out_logprobs)} logprobs for {len(output_ids)} tokens")
         finish = meta.get("finish_reason") or {}
-        text_ids = output_ids[:-1] if finish.get("type") == "stop" and output_ids else output_ids
+        stopped, matched = finish.get("type") == "stop", finish.get("matched")
+        # A stop token is not text; a stop string (whose tokens the engine keeps) ends the text where it starts.
+        text_ids = output_ids[:-1] if stopped and output_ids and not isinstance(matched, str) else output_ids
         raw_text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+        if stopped and isinstance(matched, str) and matched in raw_text:
+            raw_text = raw_text[: raw_text.index(matched)]
         parsed = parse_tool_calls(raw_text)
         limit = self.max_parallel_calls
         return AIMessage(

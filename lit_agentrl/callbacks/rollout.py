@@ -125,6 +125,12 @@ class RolloutCallback(Callback):
         tokenizer = load_tokenizer(model_path)
         if not tokenizer.chat_template:
             raise ValueError(f"the tokenizer at {model_path!r} has no chat template; agents need one to build prompts")
+        if self.engine_name in ("sglang", "sglang_http"):  # SGLang without a tokenizer: no stop strings
+            for where, params in (
+                ("sampling_params", self.sampling_params),
+                ("val_sampling_params", self.val_sampling_params),
+            ):
+                SamplingParams.from_dict(params).check_without_tokenizer(self.engine_name, f"RolloutCallback.{where}")
         self._base_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         import_modules(self.engine_modules, kind="engine")
         placement = engine_placement(trainer)  # engines on this rank's GPUs place themselves by it

@@ -6,7 +6,7 @@ engine drops in unchanged and the transformers engine imitates it. One generatio
     {
         "output_ids": [int, ...],                 # generated tokens, the stop/EOS token included
         "meta_info": {
-            "finish_reason": {"type": "stop", "matched": int} | {"type": "length", "length": int}
+            "finish_reason": {"type": "stop", "matched": int | str} | {"type": "length", "length": int}
                              | {"type": "abort", "message": str},
             "prompt_tokens": int,
             "completion_tokens": int,              # == len(output_ids)

@@ -38,7 +38,7 @@ def _import_sglang() -> Any:
 
 def _validated(sampling_params: dict[str, Any] | list[dict[str, Any]] | None) -> Any:
     for params in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
-        SamplingParams.from_dict(params)
+        SamplingParams.from_dict(params).check_without_tokenizer("sglang")
     return sampling_params if sampling_params is not None else {}
 
 

@@ -77,7 +77,7 @@ def test_tokenizer_without_chat_template(tmp_path, quickstart_model_dir):
     "kwargs, fragment",
     [
         ({"sampling_params": {"top_p": 2}}, "RolloutCallback.sampling_params: top_p"),
-        ({"val_sampling_params": {"stop": ["x"]}}, "RolloutCallback.val_sampling_params: unknown key"),
+        ({"val_sampling_params": {"stop_regex": "x"}}, "RolloutCallback.val_sampling_params: unknown key"),
         ({"n_samples": 0}, "n_samples"),
     ],
 )
@@ -106,3 +106,11 @@ def test_bf16_without_a_device_mesh_is_refused_not_ignored(quickstart_model_dir)
     module = GRPOModule(str(quickstart_model_dir), param_dtype="bfloat16")
     with pytest.raises(ValueError, match=r"model\.param_dtype=bfloat16 .* no device mesh.*ModelParallelStrategy"):
         module.configure_model()
+
+
+def test_stop_strings_with_an_sglang_engine_are_refused_at_setup(quickstart_model_dir):
+    """SGLang runs without a tokenizer here and refuses stop strings on every request: say so before any rollout."""
+    callback = RolloutCallback(engine="sglang", val_sampling_params={"stop": ["\n\n"]})
+    with pytest.raises(ValueError, match=r"RolloutCallback\.val_sampling_params\.stop=.*skip_tokenizer_init"):
+        callback.setup(None, GRPOModule(str(quickstart_model_dir)), "fit")  # type: ignore[arg-type]
+    assert callback.engines == []
