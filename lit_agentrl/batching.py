@@ -39,14 +39,54 @@ class PreparedSamples(NamedTuple):
     num_failed: int
 
 
+TRUNCATED = ("keep", "mask", "penalty")
+
+
+@dataclass(frozen=True)
+class Overlong:
+    """What happens to trajectories cut by the length limit (``model.truncated``; DAPO's two options).
+
+    ``keep``: trained like finished ones. ``mask``: they count in their group's advantages but carry no loss.
+    ``penalty``: DAPO's soft overlong penalty, added to the reward before the advantages: 0 up to
+    ``max_length - buffer`` generated tokens, then falling linearly to ``-factor`` at ``max_length`` (and beyond).
+    """
+
+    mode: str = "keep"
+    max_length: int | None = None
+    buffer: int = 0
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in TRUNCATED:
+            raise ValueError(f"model.truncated must be one of {list(TRUNCATED)}, got {self.mode!r}")
+        if self.mode == "penalty" and not (self.max_length and 0 < self.buffer <= self.max_length):
+            raise ValueError(
+                "model.truncated: penalty needs model.overlong_max_length (the generated-token limit, e.g. "
+                "max_new_tokens) and 0 < model.overlong_buffer <= it, got "
+                f"{self.max_length} and {self.buffer}"
+            )
+
+    def penalty(self, generated: int) -> float:
+        if self.mode != "penalty":
+            return 0.0
+        assert self.max_length is not None
+        start = self.max_length - self.buffer
+        return -self.factor * min(max(generated - start, 0) / self.buffer, 1.0)
+
+
 def prepare_samples(
-    trajectories: Sequence[Trajectory], normalize_std: bool = True, need_rollout_logprobs: bool = True
+    trajectories: Sequence[Trajectory],
+    normalize_std: bool = True,
+    need_rollout_logprobs: bool = True,
+    overlong: Overlong | None = None,
 ) -> PreparedSamples:
     """Advantages over each prompt group's successful trajectories; failed ones are left out entirely.
 
     With ``need_rollout_logprobs`` (the old log-probs are the engine's) a trajectory whose agent returned no
     ``response_logprobs`` is an error naming the agent; otherwise its old log-probs are left for the trainer.
+    ``overlong`` says what truncated trajectories get (see :class:`Overlong`; default: trained as they are).
     """
+    overlong = overlong or Overlong()
     ok = [t for t in trajectories if not t.failed and t.num_generated_tokens > 0]
     missing = sorted({t.agent_name for t in ok if t.response_logprobs is None})
     if need_rollout_logprobs and missing:
@@ -56,10 +96,12 @@ def prepare_samples(
         )
     if not ok:
         return PreparedSamples([], 0, 0, len(trajectories))
-    rewards = torch.tensor([t.reward for t in ok], dtype=torch.float64)
+    rewards = torch.tensor([t.reward + overlong.penalty(t.num_generated_tokens) for t in ok], dtype=torch.float64)
     groups = torch.tensor([t.group for t in ok])
     adv = grpo_advantages(rewards, groups, normalize_std=normalize_std)
     samples = [_shift(t, float(a)) for t, a in zip(ok, adv.advantages.tolist())]
+    if overlong.mode == "mask":  # in their groups' advantages above, out of the loss (and of its counts) here
+        samples = [sample for t, sample in zip(ok, samples) if not t.truncated]
     return PreparedSamples(samples, adv.num_groups, adv.num_flat_groups, len(trajectories) - len(ok))
 
 

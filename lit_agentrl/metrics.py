@@ -23,6 +23,7 @@ class RolloutMetrics(torch.nn.Module):
         self.length = MeanMetric()
         self.turns = MeanMetric()
         self.tool_calls = MeanMetric()
+        self.truncated = MeanMetric()
         self.failed = SumMetric()
         self.drift = SumMetric()
         self.tokens_per_s = SumMetric()
@@ -38,6 +39,7 @@ class RolloutMetrics(torch.nn.Module):
             (self.length, [t.num_generated_tokens for t in ok]),
             (self.turns, [t.num_turns for t in ok]),
             (self.tool_calls, [t.num_tool_calls for t in ok]),
+            (self.truncated, [float(t.truncated) for t in ok]),
         ):
             metric.reset()
             metric.update(sum(values) / weight if ok else 0.0, weight=weight)
@@ -57,6 +59,7 @@ class RolloutMetrics(torch.nn.Module):
             "rollout/response_length_mean": _finite(self.length.compute()),
             "rollout/num_turns_mean": _finite(self.turns.compute()),
             "rollout/tool_calls_mean": _finite(self.tool_calls.compute()),
+            "rollout/truncated_frac": _finite(self.truncated.compute()),
             "rollout/failed": float(self.failed.compute()),
             "rollout/trajectories": float(self.total.compute()),
             "rollout/template_drift": float(self.drift.compute()),

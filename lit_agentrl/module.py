@@ -24,6 +24,7 @@ from transformers import PreTrainedModel
 
 from lit_agentrl.batching import (
     MicroBatch,
+    Overlong,
     TrainingSample,
     collate,
     plan_micro_batches,
@@ -105,6 +106,9 @@ class GRPOModule(L.LightningModule):
             position, as the model's own forward does (more memory, no recomputation).
         old_logprobs, rollout_correction, rollout_correction_level, rollout_is_threshold, rollout_is_threshold_low,
             policy_ratio, clip_ratio_c, loss_norm_length: see :class:`~lit_agentrl.objective.Objective`.
+        truncated, overlong_max_length, overlong_buffer, overlong_penalty_factor: what trajectories cut by the
+            length limit get: ``keep`` (trained as they are), ``mask`` (no loss), ``penalty`` (DAPO's soft overlong
+            penalty); see :class:`~lit_agentrl.batching.Overlong`.
     """
 
     def __init__(
@@ -137,6 +141,10 @@ class GRPOModule(L.LightningModule):
         policy_ratio: Literal["token", "sequence"] = "token",
         clip_ratio_c: float | None = None,
         loss_norm_length: int | None = None,
+        truncated: Literal["keep", "mask", "penalty"] = "keep",
+        overlong_max_length: int | None = None,
+        overlong_buffer: int = 0,
+        overlong_penalty_factor: float = 1.0,
     ) -> None:
         super().__init__()
         self.update = UpdateSettings(
@@ -148,6 +156,7 @@ class GRPOModule(L.LightningModule):
             rollout_correction, rollout_correction_level, rollout_is_threshold, rollout_is_threshold_low, policy_ratio,
             clip_ratio_c, loss_norm_length,
         )  # fmt: skip
+        self.overlong = Overlong(truncated, overlong_max_length, overlong_buffer, overlong_penalty_factor)
         self.model_path = model_path
         self.save_hyperparameters()
         self.automatic_optimization = False
@@ -229,7 +238,7 @@ class GRPOModule(L.LightningModule):
         objective = self.objective
         engine_logprobs_needed = objective.old_logprobs == "engine" or objective.rollout_correction is not None
         prepared = prepare_samples(
-            batch.rollout.trajectories, self.update.normalize_advantage_std, engine_logprobs_needed
+            batch.rollout.trajectories, self.update.normalize_advantage_std, engine_logprobs_needed, self.overlong
         )
         stats: dict[str, list[float]] = {}
         if objective.old_logprobs == "trainer":

@@ -46,6 +46,13 @@ class Trajectory:
         """Tokens the model generated (loss_mask == 1)."""
         return sum(self.loss_mask)
 
+    @property
+    def truncated(self) -> bool:
+        """Whether the last model turn was cut by the length limit (its finish reason, recorded by
+        ``AgentGraph.convert_agent_graph_output``; an agent that records none is never counted as truncated)."""
+        finish = self.extra_fields.get("finish_reason")
+        return isinstance(finish, dict) and finish.get("type") == "length"
+
 
 @dataclass
 class RolloutStats:

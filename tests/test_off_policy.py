@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lit_agentrl.batching import TrainingSample, prepare_samples
+from lit_agentrl.batching import Overlong, TrainingSample, prepare_samples
 from lit_agentrl.correction import correction_weights
 from lit_agentrl.losses import LossScale, aggregate, clipped_policy_loss
 from lit_agentrl.objective import Objective
@@ -123,3 +123,37 @@ def test_the_trainers_old_logprobs_make_the_first_update_exactly_on_policy(tiny_
     assert all(-9.0 not in s.old_logprobs for s in samples)
     stats = module.accumulate_gradients(samples)
     assert stats["train/ratio_mean"] == 1.0 and stats["train/approx_kl"] == 0.0 and stats["train/clip_frac"] == 0.0
+
+
+def finished(group: int, reward: float, generated: int, cut: bool) -> Trajectory:
+    t = Trajectory(group, 0, "a", [1, 2], [1, 2] + [3] * generated, [0, 0] + [1] * generated, [-0.5] * generated)
+    t.reward = reward
+    t.extra_fields["finish_reason"] = {"type": "length", "length": generated} if cut else {"type": "stop", "matched": 2}
+    return t
+
+
+def test_dapo_soft_overlong_penalty_falls_linearly_over_the_buffer():
+    overlong = Overlong("penalty", max_length=20, buffer=4, factor=0.5)
+    # up to 16 tokens nothing; then -0.5 * (L - 16) / 4; the limit and beyond: -0.5
+    assert [overlong.penalty(n) for n in (10, 16, 17, 18, 20, 25)] == [0.0, 0.0, -0.125, -0.25, -0.5, -0.5]
+    # rewards 1 and 1 become 1 and 0.75 (18 tokens): one group, mean 0.875, Dr. GRPO advantages +0.125, -0.125
+    prepared = prepare_samples([finished(0, 1.0, 10, False), finished(0, 1.0, 18, True)], False, True, overlong)
+    assert [s.advantage for s in prepared.samples] == pytest.approx([0.125, -0.125])
+    with pytest.raises(ValueError, match=r"model\.overlong_max_length"):
+        Overlong("penalty")
+
+
+def test_masked_truncated_trajectories_count_in_advantages_but_carry_no_loss():
+    trajectories = [finished(0, 1.0, 5, False), finished(0, 0.0, 9, True), finished(0, 0.0, 4, False)]
+    kept = prepare_samples(trajectories, False, True, Overlong("keep")).samples
+    masked = prepare_samples(trajectories, False, True, Overlong("mask")).samples
+    assert len(kept) == 3 and len(masked) == 2  # the truncated one is out of the loss and of its counts
+    assert [s.advantage for s in masked] == pytest.approx([2 / 3, -1 / 3])  # group mean 1/3, with it
+    assert [t.truncated for t in trajectories] == [False, True, False]
+
+
+def test_the_truncated_fraction_is_logged():
+    from lit_agentrl.metrics import RolloutMetrics
+
+    trajectories = [finished(0, 1.0, 5, False), finished(0, 0.0, 9, True), finished(0, 0.0, 4, False)]
+    assert RolloutMetrics().compute(trajectories, seconds=1.0)["rollout/truncated_frac"] == pytest.approx(1 / 3)
