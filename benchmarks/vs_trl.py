@@ -104,7 +104,9 @@ StepClock = _lightning_clock()
 
 
 # ------------------------------------------------------------------------------------------------- workers
-def run_ours(model_dir: Path, work: Path, scenario: str, steps: int, lr: float, seed: int, clock: Path) -> Path:
+def run_ours(
+    model_dir: Path, work: Path, scenario: str, steps: int, lr: float, seed: int, clock: Path, old_logprobs: str
+) -> Path:
     import yaml
     from transformers import AutoTokenizer
 
@@ -152,7 +154,13 @@ def run_ours(model_dir: Path, work: Path, scenario: str, steps: int, lr: float, 
                 },
             ],
         },
-        "model": {"model_path": str(model_dir), "lr": lr, "kl_coef": 0.0, "grad_clip": 1.0},
+        "model": {
+            "model_path": str(model_dir),
+            "lr": lr,
+            "kl_coef": 0.0,
+            "grad_clip": 1.0,
+            "old_logprobs": old_logprobs,
+        },
         "data": {
             "train_files": str(data),
             "prompts_per_step": PROMPTS_PER_STEP,
@@ -313,11 +321,13 @@ def main() -> None:
         if shutil.which("lit-agentrl")
         else [sys.executable, "-c", "from lit_agentrl.cli import main; main()"]
     )
-    sides = ("ours", "floor") if args.no_trl else ("ours", "trl", "floor")
+    # "ours_trainer": ours with model.old_logprobs: trainer (one more forward per step than the engine's own).
+    sides = ("ours", "ours_trainer", "floor") if args.no_trl else ("ours", "ours_trainer", "trl", "floor")
     results: dict[str, dict[str, Any]] = {}
     for scenario in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
         res = results[scenario] = {
             "ours": [],
+            "ours_trainer": [],
             "trl": [],
             "floor": [],
             "trl_length": [],
@@ -329,8 +339,9 @@ def main() -> None:
                 work = root / f"{scenario}-{'ours' if side == 'floor' else side}-{rnd}"  # the floor reads ours' steps
                 work.mkdir(parents=True, exist_ok=True)
                 clock = work / ("floor.json" if side == "floor" else "clock.json")
-                if side == "ours":
-                    config = run_ours(model_dir, work, scenario, args.steps, args.lr, args.seed + rnd, clock)
+                if side in ("ours", "ours_trainer"):
+                    old = "trainer" if side == "ours_trainer" else "engine"
+                    config = run_ours(model_dir, work, scenario, args.steps, args.lr, args.seed + rnd, clock, old)
                     cmd = [*cli, "fit", "--config", str(config)]
                 else:
                     cmd = [
@@ -413,6 +424,12 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
         print(f"{scenario:<9} " + " ".join(f"{b[k]:>10.3f}" for k in [*BREAKDOWN, "other"]) + f" {share:>9.1f}%")
         floor = {k: med([f[k] for f in res["floor_parts"]]) for k in ("generation", "forward", "backward", "optimizer")}
         print(f"{'  floor':<9} " + " ".join(f"{floor.get(k, float('nan')):>10.3f}" for k in BREAKDOWN))
+    print(
+        "\nold log-probs (median s/step): the engine's own vs the trainer's, recomputed (model.old_logprobs: trainer)"
+    )
+    for scenario, res in results.items():
+        ours, trainer = med(res["ours"]), med(res["ours_trainer"])
+        print(f"{scenario:<9} engine {ours:>6.2f}  trainer {trainer:>6.2f}  trainer/engine {trainer / ours:>5.2f}")
 
 
 if __name__ == "__main__":
