@@ -164,6 +164,10 @@ def _prompt_tokens(tokenizer: Any, row: Mapping[str, Any]) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 
+EXTRA_STREAM = 1_000_003
+"""Offset of the extra stream's shuffle seeds (dynamic sampling) from the steps' own."""
+
+
 class PromptBatchLoader:
     """Yields this rank's share of each step's prompts: a seeded shuffle per epoch, resumable mid-epoch.
 
@@ -188,6 +192,7 @@ class PromptBatchLoader:
         self.rows, self.prompts_per_step, self.seed, self.shuffle = rows, prompts_per_step, seed, shuffle
         self.rank, self.world_size, self.split, self.whole_epoch = rank, world_size, split, whole_epoch
         self.epoch, self.consumed = 0, 0
+        self.extra_drawn = 0  # rows drawn so far from the extra stream (dynamic sampling), over all ranks
 
     def __len__(self) -> int:
         whole, remainder = divmod(len(self.rows), self.prompts_per_step)
@@ -219,8 +224,28 @@ class PromptBatchLoader:
     def mark_consumed(self, batch: PromptBatch) -> None:
         self.epoch, self.consumed = batch.epoch, batch.index + 1
 
+    def draw_extra(self) -> list[dict[str, Any]]:
+        """This rank's share of one more step's worth of prompts, for dynamic sampling.
+
+        They come from a stream of their own (seeded shuffles of the rows, one after another), not from the steps'
+        stream, which Lightning has already prefetched from; its position is part of :meth:`state_dict`, so a
+        resumed run draws the same extra prompts as an unbroken one.
+        """
+        per_rank = self.prompts_per_step // self.world_size
+        first = self.extra_drawn + self.rank * per_rank
+        positions = range(first, first + per_rank)
+        self.extra_drawn += self.prompts_per_step
+        n = len(self.rows)
+        return [self.rows[self._order(EXTRA_STREAM + p // n)[p % n]] for p in positions]
+
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed, "num_rows": len(self.rows)}
+        return {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "extra_drawn": self.extra_drawn,
+            "seed": self.seed,
+            "num_rows": len(self.rows),
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state.get("num_rows", len(self.rows)) != len(self.rows) or state.get("seed", self.seed) != self.seed:
@@ -229,6 +254,7 @@ class PromptBatchLoader:
                 f"{state.get('seed')}, this run has {len(self.rows)} rows and seed {self.seed}"
             )
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        self.extra_drawn = int(state.get("extra_drawn", 0))
 
 
 class AgentPromptDataModule(L.LightningDataModule):
@@ -249,6 +275,10 @@ class AgentPromptDataModule(L.LightningDataModule):
             schemas); None: no limit.
         overlong_prompts: ``error`` refuses the data at setup, ``skip`` drops such rows and reports the count.
         tokenizer_path: the tokenizer that measures prompts (the CLI links it to ``model.model_path``).
+        dynamic_sampling: DAPO's dynamic sampling: groups whose rewards are all equal (no gradient) are dropped,
+            and more prompts are drawn (one step's worth per round, from a stream of their own) until the step has
+            ``prompts_per_step`` informative groups or ``dynamic_max_rounds`` extra rounds are spent.
+        dynamic_max_rounds: the most extra rounds of one step.
 
     Example (YAML, under ``data:``)::
 
@@ -270,8 +300,13 @@ class AgentPromptDataModule(L.LightningDataModule):
         max_prompt_length: int | None = None,
         overlong_prompts: Literal["error", "skip"] = "error",
         tokenizer_path: str | None = None,
+        dynamic_sampling: bool = False,
+        dynamic_max_rounds: int = 4,
     ) -> None:
         super().__init__()
+        if dynamic_max_rounds < 1:
+            raise ValueError(f"data.dynamic_max_rounds must be >= 1, got {dynamic_max_rounds}")
+        self.dynamic_sampling, self.dynamic_max_rounds = dynamic_sampling, dynamic_max_rounds
         if prompts_per_step < 1:
             raise ValueError(f"data.prompts_per_step must be >= 1, got {prompts_per_step}")
         if reward_fn is not None:
@@ -341,6 +376,11 @@ class AgentPromptDataModule(L.LightningDataModule):
     def train_dataloader(self) -> PromptBatchLoader:
         assert self._train_loader is not None, "setup('fit') must run first"
         return self._train_loader
+
+    def draw_extra_train_rows(self) -> list[dict[str, Any]]:
+        """This rank's share of one more step's worth of training prompts (dynamic sampling)."""
+        assert self._train_loader is not None, "setup('fit') must run first"
+        return self._train_loader.draw_extra()
 
     def val_dataloader(self) -> PromptBatchLoader | list:
         if self._val_loader is None:

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import AutoTokenizer
@@ -22,8 +23,9 @@ from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.metrics import RolloutMetrics
 from lit_agentrl.module import GRPOModule
 from lit_agentrl.offload import TrainerOffload
+from lit_agentrl.rollout.dynamic import dynamic_rollout
 from lit_agentrl.rollout.manager import RolloutManager
-from lit_agentrl.types import RolloutBatch
+from lit_agentrl.types import RolloutBatch, Trajectory
 
 
 class RolloutCallback(Callback):
@@ -178,7 +180,7 @@ class RolloutCallback(Callback):
         self._reseed(trainer, "train")
         memory.start()
         start, busy = time.perf_counter(), self._engine_busy_seconds()
-        rollout = batch.rollout = self._manager().generate(batch.rows, self.n_samples, self.sampling_params)
+        rollout, generated, dynamic = self._generate_train(trainer, pl_module, batch)
         seconds = time.perf_counter() - start
         busy_after = self._engine_busy_seconds()
         if busy is not None and busy_after is not None:
@@ -188,15 +190,46 @@ class RolloutCallback(Callback):
             phases["memory/offloaded_gb"] = self.cycle.offloaded_gb
             self.cycle.leave()
         memory.start()  # the training step's peak, logged at its end
-        metrics = self.metrics.compute(rollout.trajectories, seconds)
-        self._count(rollout)
+        metrics = self.metrics.compute(generated, seconds)
+        self._count(rollout, len(generated))
         self._check_failures(metrics, rollout)
-        pl_module.log_dict({**metrics, **phases}, on_step=True, batch_size=1)
+        pl_module.log_dict({**metrics, **phases, **dynamic}, on_step=True, batch_size=1)
         pl_module.log(
             "rollout/reward", metrics["rollout/reward_mean"], on_step=True, prog_bar=True, logger=False, batch_size=1
         )
         pl_module.log("time/rollout_s", seconds, on_step=True, prog_bar=True, batch_size=1)
         pl_module.log("time/reward_s", rollout.stats.reward_seconds, on_step=True, batch_size=1)
+
+    def _generate_train(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any
+    ) -> tuple[RolloutBatch, list[Trajectory], dict[str, float]]:
+        """The step's rollout (attached to ``batch``), every trajectory generated, and dynamic sampling's metrics.
+
+        With ``data.dynamic_sampling`` groups without a gradient are dropped and more prompts drawn (see
+        :mod:`lit_agentrl.rollout.dynamic`); ``batch.rows`` then become the rows kept.
+        """
+        manager, datamodule = self._manager(), getattr(trainer, "datamodule", None)
+        if datamodule is None or not getattr(datamodule, "dynamic_sampling", False):
+            batch.rollout = manager.generate(batch.rows, self.n_samples, self.sampling_params)
+            return batch.rollout, batch.rollout.trajectories, {}
+
+        def generate(rows: Any, round_: int) -> RolloutBatch:
+            if round_:
+                self._reseed(trainer, f"train-extra-{round_}")
+            return manager.generate(rows, self.n_samples, self.sampling_params)
+
+        def global_sum(value: float) -> float:
+            return float(trainer.strategy.reduce(torch.tensor(value, device=pl_module.device), reduce_op="sum"))
+
+        result = dynamic_rollout(
+            batch.rows, generate, datamodule.draw_extra_train_rows, global_sum, datamodule.dynamic_max_rounds
+        )
+        batch.rows, batch.rollout = list(result.rows), result.rollout
+        metrics = {
+            "rollout/dynamic_rounds": float(result.rounds),  # the same on every rank
+            "rollout/dropped_groups": global_sum(float(result.dropped_groups)),
+        }
+        return result.rollout, result.generated, metrics
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -292,9 +325,9 @@ class RolloutCallback(Callback):
                 f"max_failed_fraction={self.max_failed_fraction}; most common reasons on this rank: {reasons}"
             )
 
-    def _count(self, rollout: RolloutBatch) -> None:
+    def _count(self, rollout: RolloutBatch, generated: int) -> None:
         self.totals["rollouts"] += 1
-        self.totals["trajectories"] += len(rollout.trajectories)
+        self.totals["trajectories"] += generated
         self.totals["failed"] += rollout.stats.num_failed
 
     # ------------------------------------------------------------------ checkpoint

@@ -129,7 +129,10 @@ def recorded(path: Path) -> list[tuple]:
         return [(r["rank"], r["step"], tuple(r["prompts"])) for r in map(json.loads, f)]
 
 
-def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quickstart_model_dir):
+@pytest.mark.parametrize("dynamic_sampling", [False, True], ids=["plain", "dynamic-sampling"])
+def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quickstart_model_dir, dynamic_sampling):
+    """With dynamic sampling the extra prompts drawn are part of the data position: the resumed run draws the same."""
+
     def run(name: str, steps: int, extra: list[dict], args: list[str] = ()) -> Path:
         folder = tmp_path / name
         folder.mkdir(exist_ok=True)
@@ -142,6 +145,9 @@ def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quick
             *extra,
         ]
         config = quick_config(folder, quickstart_model_dir, steps, callbacks, n_samples=8)
+        settings = yaml.safe_load(config.read_text())
+        settings["data"]["dynamic_sampling"] = dynamic_sampling
+        config.write_text(yaml.safe_dump(settings))
         main(["fit", "--config", str(config), *args])
         return folder
 
@@ -166,6 +172,9 @@ def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quick
         if r.get("train/grad_norm")
     ]
     assert any(n > 0 for n in norms), "no step had a policy gradient: the equality would be trivial"
+    if dynamic_sampling:  # the untrained model's groups are mostly flat: extra rounds were drawn
+        rows = [r for r in read_csv(next((straight / "logs").rglob("metrics.csv"))) if r.get("rollout/dynamic_rounds")]
+        assert sum(float(r["rollout/dynamic_rounds"]) for r in rows) > 0
 
 
 @pytest.mark.timeout(600)
