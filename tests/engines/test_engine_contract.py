@@ -10,7 +10,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from lit_agentrl.engines import get_engine_class
 from lit_agentrl.engines.base import RolloutEngine, output_logprobs
+from lit_agentrl.engines.sglang_group import wait_until_healthy
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33]]
@@ -60,22 +60,6 @@ def start_http_server(model_dir: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 180) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"SGLang server exited: {server.stderr.read().decode()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"SGLang server at {url} not healthy after {timeout_s}s")
-
-
 @pytest.fixture(
     scope="module",
     params=[
@@ -104,7 +88,10 @@ def contract_engine(request, tiny_model_dir):
     port = 30000 + os.getpid() % 1000
     server = start_http_server(tiny_model_dir, port)
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", server)
+        try:
+            wait_until_healthy(f"http://127.0.0.1:{port}", server, timeout_s=180)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {server.stderr.read().decode()[-3000:]}") from exc
         engine = SGLangHTTPEngine(f"http://127.0.0.1:{port}", str(tiny_model_dir))
         yield engine
         engine.shutdown()
