@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -37,6 +38,11 @@ def find_last_ai_index(messages: Sequence[Any]) -> int:
         if getattr(messages[i], "type", None) == "ai":
             return i
     return -1
+
+
+RUN_SAMPLING_PARAMS: ContextVar[dict[str, Any] | None] = ContextVar("lit_agentrl_run_sampling_params", default=None)
+"""The sampling parameters of the trajectory being run (the rollout manager sets them for each trajectory's task):
+what :class:`ChatModel` uses when an agent calls it without ``sampling_params``."""
 
 
 class ChatModel(BaseChatModel):
@@ -112,10 +118,24 @@ class ChatModel(BaseChatModel):
         tools = kwargs.get("tools")
         token_ids, loss_mask, logprobs, prompt_length = self._encode(messages, tools)
         output = await self.llm.async_generate(
-            input_ids=token_ids, sampling_params=dict(kwargs.get("sampling_params") or {}), return_logprob=True
+            input_ids=token_ids, sampling_params=self._sampling_params(kwargs), return_logprob=True
         )
         message = self._to_message(output, token_ids, loss_mask, logprobs, prompt_length, tools)
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+    @staticmethod
+    def _sampling_params(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's ``sampling_params``, else the run's: never the engine's defaults, which would sample at
+        another temperature or length than the trainer assumes."""
+        params = kwargs.get("sampling_params")
+        if params is None:
+            params = RUN_SAMPLING_PARAMS.get()
+        if params is None:
+            raise ValueError(
+                "ChatModel.ainvoke was called without sampling_params, outside a rollout that would supply them: pass "
+                "sampling_params=config['configurable']['sampling_params'] (the run's) from the graph's node"
+            )
+        return dict(params)
 
     # ------------------------------------------------------------------ encoding
 

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput
+from lit_agentrl.agents.chat_model import RUN_SAMPLING_PARAMS
 from lit_agentrl.agents.config import load_agent_cfg
 from lit_agentrl.agents.registry import get_agent_class
 from lit_agentrl.engines.base import RolloutEngine
@@ -143,6 +144,7 @@ class RolloutManager:
         semaphores: list[asyncio.Semaphore],
     ) -> Trajectory:
         agent_name = str(row.get("agent_name"))
+        RUN_SAMPLING_PARAMS.set(sampling_params)  # this trajectory's task only: a ChatModel called without them
         engine_index = min(range(len(self.engines)), key=self._outstanding.__getitem__)
         self._outstanding[engine_index] += 1
         start = time.perf_counter()

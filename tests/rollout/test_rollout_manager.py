@@ -171,3 +171,25 @@ def test_inflight_bound_and_balancing_across_engines(engine, tokenizer):
 def test_bad_manager_settings_are_refused(engine, tokenizer, kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         RolloutManager([engine], tokenizer, **kwargs)
+
+
+@register("test_agent_without_sampling_params")
+class ForgetsSamplingParams(AgentGraph):
+    """Calls its ChatModel without sampling_params, as a hand-written agent easily does."""
+
+    async def run(self, messages, sampling_params, **kwargs):
+        self.build_graph()
+        message = await self.chatmodel.ainvoke(messages)
+        return self.convert_agent_graph_output({"messages": [*messages, message]})
+
+
+def test_a_chat_model_called_without_sampling_params_uses_the_runs_never_the_engines(engine, tokenizer):
+    rows = [{**row, "agent_name": "test_agent_without_sampling_params"} for row in math_rows(2)]
+    manager = RolloutManager([engine], tokenizer, reward_fn="math")
+    batch = manager.generate(rows, n_samples=2, sampling_params={"max_new_tokens": 3, "temperature": 1.0})
+    manager.close()
+    assert not any(t.failed for t in batch.trajectories), [t.failure_reason for t in batch.trajectories]
+    assert all(t.num_generated_tokens <= 3 for t in batch.trajectories)  # the run's limit, not the engine's 128
+    chat = ForgetsSamplingParams("x", None, engine, tokenizer).make_chat_model()
+    with pytest.raises(ValueError, match="without sampling_params, outside a rollout"):
+        asyncio.run(chat.ainvoke(rows[0]["prompt"]))
