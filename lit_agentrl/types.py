@@ -38,6 +38,8 @@ class Trajectory:
     str_output: str = ""
     failed: bool = False
     failure_reason: str | None = None
+    failure_traceback: str | None = None
+    """The full traceback of a trajectory that raised, ending with where in the agent's file it was raised."""
     seconds: float = 0.0
     extra_fields: dict[str, Any] = field(default_factory=dict)
 

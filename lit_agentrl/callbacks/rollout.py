@@ -5,12 +5,15 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
+import logging
 import os
 import time
+from collections import Counter
 from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import AutoTokenizer
@@ -26,6 +29,8 @@ from lit_agentrl.offload import TrainerOffload
 from lit_agentrl.rollout.dynamic import dynamic_rollout
 from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.types import RolloutBatch, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 class RolloutCallback(Callback):
@@ -192,6 +197,7 @@ class RolloutCallback(Callback):
         memory.start()  # the training step's peak, logged at its end
         metrics = self.metrics.compute(generated, seconds)
         self._count(rollout, len(generated))
+        self._report_failures(trainer, generated, metrics)
         self._check_failures(metrics, rollout)
         pl_module.log_dict({**metrics, **phases, **dynamic}, on_step=True, batch_size=1)
         pl_module.log(
@@ -314,6 +320,34 @@ class RolloutCallback(Callback):
         self._needs_sync = False
         if trainer.training:
             pl_module.log("time/sync_s", time.perf_counter() - start, on_step=True, batch_size=1)
+
+    def _report_failures(self, trainer: L.Trainer, trajectories: list[Trajectory], metrics: dict[str, float]) -> None:
+        """Every step with failed trajectories, on rank 0: their counts by reason over all ranks, and the first
+        traceback in full (it ends with the line in the agent's file)."""
+        if not metrics["rollout/failed"]:  # a global count: every rank skips the gather together
+            return
+        failed = [t for t in trajectories if t.failed]
+        local = (
+            Counter(t.failure_reason for t in failed),
+            next((t.failure_traceback for t in failed if t.failure_traceback), None),
+        )
+        parts: list[Any] = [local]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, local)
+        if not trainer.is_global_zero:
+            return
+        reasons: Counter[str] = sum((counts for counts, _ in parts), Counter())
+        first = next((tb for _, tb in parts if tb), None)
+        summary = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common())
+        log.warning(
+            "step %d: %d of %d trajectories failed (left out of the loss): %s%s",
+            trainer.global_step,
+            int(metrics["rollout/failed"]),
+            int(metrics["rollout/trajectories"]),
+            summary,
+            f"\nfirst traceback:\n{first}" if first else "",
+        )
 
     def _check_failures(self, metrics: dict[str, float], rollout: RolloutBatch) -> None:
         """Stop when too many trajectories failed; every rank sees the same global counts, so all stop."""

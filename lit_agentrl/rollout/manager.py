@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import math
 import statistics
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -166,7 +168,15 @@ class RolloutManager:
             return Trajectory(group, sample, agent_name, failed=True, failure_reason=reason, seconds=_since(start))
         except Exception as exc:  # one trajectory's fault is counted, never fatal to the batch
             reason = f"{type(exc).__name__}: {exc}"
-            return Trajectory(group, sample, agent_name, failed=True, failure_reason=reason, seconds=_since(start))
+            return Trajectory(
+                group,
+                sample,
+                agent_name,
+                failed=True,
+                failure_reason=reason,
+                failure_traceback=_traceback_with_agent_line(exc, agent_name),
+                seconds=_since(start),
+            )
         finally:
             self._outstanding[engine_index] -= 1
         return _to_trajectory(output, group, sample, agent_name, reward, _since(start))
@@ -217,6 +227,19 @@ class RolloutManager:
         if self._reward_pool is None:
             self._reward_pool = ThreadPoolExecutor(self.reward_workers, thread_name_prefix="lit-agentrl-reward")
         return self._reward_pool
+
+
+def _traceback_with_agent_line(exc: BaseException, agent_name: str) -> str:
+    """The full traceback, then the deepest line of it in the agent's own file (where its author should look)."""
+    text = "".join(traceback.format_exception(exc))
+    try:
+        agent_file = inspect.getsourcefile(get_agent_class(agent_name))
+    except (KeyError, TypeError, ValueError):
+        return text
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == agent_file]
+    if frames:
+        text += f"in agent {agent_name!r}: {frames[-1].filename}:{frames[-1].lineno}\n"
+    return text
 
 
 def check_output(output: AgentGraphOutput) -> None:

@@ -193,3 +193,24 @@ def test_a_chat_model_called_without_sampling_params_uses_the_runs_never_the_eng
     chat = ForgetsSamplingParams("x", None, engine, tokenizer).make_chat_model()
     with pytest.raises(ValueError, match="without sampling_params, outside a rollout"):
         asyncio.run(chat.ainvoke(rows[0]["prompt"]))
+
+
+def test_failed_trajectories_are_reported_every_step_with_the_agents_line(engine, tokenizer, caplog):
+    from types import SimpleNamespace
+
+    from lit_agentrl.callbacks import RolloutCallback
+
+    rows = [{**math_rows(1)[0], "agent_name": "test_raising_agent"}]
+    manager = RolloutManager([engine], tokenizer, reward_fn="math")
+    batch = manager.generate(rows, n_samples=2, sampling_params=SAMPLING)
+    manager.close()
+    failed = batch.trajectories[0]
+    assert all(t.failed for t in batch.trajectories)
+    assert "RuntimeError: agent exploded" in failed.failure_traceback
+    assert failed.failure_traceback.rstrip().endswith(f"{__file__}:{RaisingAgent.run.__code__.co_firstlineno + 1}")
+    trainer = SimpleNamespace(is_global_zero=True, global_step=7)
+    metrics = {"rollout/failed": 2.0, "rollout/trajectories": 2.0}
+    with caplog.at_level("WARNING", logger="lit_agentrl.callbacks.rollout"):
+        RolloutCallback()._report_failures(trainer, batch.trajectories, metrics)  # type: ignore[arg-type]
+    assert "step 7: 2 of 2 trajectories failed (left out of the loss): 2 x RuntimeError: agent exploded" in caplog.text
+    assert "first traceback:" in caplog.text and "in agent 'test_raising_agent'" in caplog.text
