@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lit_agentrl.rollout.manager import summarize
 from lit_agentrl.types import RolloutBatch, Trajectory
 
 
@@ -52,7 +53,7 @@ def dynamic_rollout(
     target = global_sum(float(share))
     all_rows: list[Mapping[str, Any]] = list(rows)
     first = generate(rows, 0)
-    generated, stats = list(first.trajectories), first.stats
+    generated, seconds, reward_seconds = list(first.trajectories), first.stats.seconds, first.stats.reward_seconds
     rounds = 0
     while rounds < max_rounds and global_sum(float(min(len(informative_groups(generated)), share))) < target:
         rounds += 1
@@ -62,9 +63,10 @@ def dynamic_rollout(
             t.group += len(all_rows)
         all_rows += extra_rows
         generated += extra.trajectories
-        stats.failure_reasons.update(extra.stats.failure_reasons)
-        stats.num_failed += extra.stats.num_failed
-        stats.reward_seconds += extra.stats.reward_seconds
+        seconds += extra.stats.seconds
+        reward_seconds += extra.stats.reward_seconds
+    stats = summarize(generated, seconds)  # the step's statistics cover every round
+    stats.reward_seconds = reward_seconds
     kept = informative_groups(generated)[:share]
     renumber = {group: i for i, group in enumerate(kept)}
     trajectories = []

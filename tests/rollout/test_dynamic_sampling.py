@@ -43,6 +43,7 @@ def test_extra_rounds_until_the_step_has_its_informative_groups():
     assert sorted({t.group for t in result.rollout.trajectories}) == [0, 1, 2, 3]
     assert all(result.rows[t.group]["name"] != "flat" for t in result.rollout.trajectories)
     assert result.dropped_groups == 12 - 4 and len(result.generated) == 24
+    assert result.rollout.stats.num_trajectories == 24  # the step's statistics cover every round
 
 
 def test_rounds_are_bounded_and_flat_groups_never_trained():
