@@ -120,6 +120,13 @@ def _head_replaced(head: torch.nn.Module, forward: Any) -> Iterator[None]:
         del head.forward
 
 
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest elementwise difference over the largest magnitude of ``b``: what the load-time checks compare,
+    since it is the compute dtype's rounding that differs between two ways of computing the same values."""
+    a, b = a.float(), b.float()
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-6))
+
+
 def check_chunked_head(model: PreTrainedModel, chunk_tokens: int, tolerance: float = 1e-3) -> None:
     """Raise ``ValueError`` unless the chunked path gives the model's own log-probs.
 
@@ -139,8 +146,7 @@ def check_chunked_head(model: PreTrainedModel, chunk_tokens: int, tolerance: flo
     with torch.no_grad():
         plain = model_token_logprobs(model, inputs, targets, positions, chunk_tokens=0)
         chunked = model_token_logprobs(model, inputs, targets, positions, chunk_tokens=2)
-    error = (plain.logprobs - chunked.logprobs).abs().max() / plain.logprobs.abs().max().clamp(min=1e-6)
-    if error > tolerance:
+    if relative_difference(chunked.logprobs, plain.logprobs) > tolerance:
         raise ValueError(
             f"{type(model).__name__} changes its logits after the output head, so chunked log-probs would be wrong: "
             "set model.logprob_chunk_tokens: 0"

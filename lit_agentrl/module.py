@@ -32,7 +32,7 @@ from lit_agentrl.batching import (
     split_mini_batches,
 )
 from lit_agentrl.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
-from lit_agentrl.logprobs import check_chunked_head, model_token_logprobs
+from lit_agentrl.logprobs import check_chunked_head, model_token_logprobs, relative_difference
 from lit_agentrl.losses import LossScale, TokenLogProbs
 from lit_agentrl.objective import Objective, loss_scale, micro_batch_loss
 from lit_agentrl.types import PromptBatch
@@ -457,12 +457,6 @@ def check_packing_support(model: torch.nn.Module, tolerance: float = 1e-3) -> No
             f"{type(model).__name__} lets packed sequences attend to each other (it ignores restarting position ids); "
             "set model.sequence_packing: false"
         )
-
-
-def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    """The largest elementwise difference over the largest magnitude of ``b``."""
-    a, b = a.float(), b.float()
-    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-6))
 
 
 def _check_mesh(mesh: DeviceMesh) -> None:

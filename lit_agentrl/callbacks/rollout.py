@@ -155,9 +155,8 @@ class RolloutCallback(Callback):
             check_template_drift=self.check_template_drift,
         )
         if self.colocate:  # the trainer loads on a free GPU; the first rollout resumes the engine and pushes weights
-            for engine in self.engines:
-                if engine.owner:
-                    engine.release_memory_occupation(tags=["kv_cache", "weights"])
+            for engine in self._owned:
+                engine.release_memory_occupation(tags=["kv_cache", "weights"])
         self.metrics.to(pl_module.device)
         # Everything loaded so far (torch, transformers, LangGraph, the models) lives for the whole run: keep it out
         # of the garbage collector's full passes, which otherwise rescan it during every rollout's agent work
@@ -262,6 +261,11 @@ class RolloutCallback(Callback):
     def _shared(self) -> bool:
         return any(engine.shared for engine in self.engines)
 
+    @property
+    def _owned(self) -> list[RolloutEngine]:
+        """The engines this rank pushes weights into and releases and resumes (all but other ranks' servers)."""
+        return [engine for engine in self.engines if engine.owner]
+
     def _manager(self) -> RolloutManager:
         if self.manager is None:
             raise RuntimeError("RolloutCallback.setup has not run: the callback must be in trainer.callbacks")
@@ -302,8 +306,7 @@ class RolloutCallback(Callback):
                 if module.reference is not None:
                     states.append(TrainerOffload(module.reference, None, module.device))
             barrier = functools.partial(trainer.strategy.barrier, "colocated_engine_memory") if self._shared else None
-            owned = [engine for engine in self.engines if engine.owner]
-            self.cycle = ColocatedCycle(owned, module.device, states, released=True, barrier=barrier)
+            self.cycle = ColocatedCycle(self._owned, module.device, states, released=True, barrier=barrier)
         return self.cycle
 
     def _sync_if_needed(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -312,8 +315,7 @@ class RolloutCallback(Callback):
 
     def _sync(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         start = time.perf_counter()
-        owned = [engine for engine in self.engines if engine.owner]  # every rank gathers; owners push
-        sync_weights(_grpo_module(pl_module).policy, owned, self.sync_bucket_bytes)
+        sync_weights(_grpo_module(pl_module).policy, self._owned, self.sync_bucket_bytes)  # every rank gathers
         if self._shared:  # no rank may generate from a shared engine before its owner has updated it
             trainer.strategy.barrier("rollout_weight_sync")
         self.totals["syncs"] += 1
