@@ -100,6 +100,8 @@ def prepare_samples(
     groups = torch.tensor([t.group for t in ok])
     adv = grpo_advantages(rewards, groups, normalize_std=normalize_std)
     samples = [_shift(t, float(a)) for t, a in zip(ok, adv.advantages.tolist())]
+    for t, sample in zip(ok, samples):  # kept on the trajectory for the trajectory log and the viewer
+        t.advantage = sample.advantage
     if overlong.mode == "mask":  # in their groups' advantages above, out of the loss (and of its counts) here
         samples = [sample for t, sample in zip(ok, samples) if not t.truncated]
     return PreparedSamples(samples, adv.num_groups, adv.num_flat_groups, len(trajectories) - len(ok))

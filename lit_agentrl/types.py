@@ -32,6 +32,8 @@ class Trajectory:
     response_logprobs: list[float] | None = None
     """[R] engine log-probs of all_token_ids[P:], 0.0 where loss_mask is 0."""
     reward: float = 0.0
+    advantage: float | None = None
+    """The advantage the loss used, set when the step prepares its samples (None: failed or not trained)."""
     num_turns: int = 0
     num_model_turns: int = 0
     num_tool_calls: int = 0
@@ -41,6 +43,9 @@ class Trajectory:
     failure_traceback: str | None = None
     """The full traceback of a trajectory that raised, ending with where in the agent's file it was raised."""
     seconds: float = 0.0
+    messages: list[dict[str, Any]] | None = None
+    """The conversation up to the last model turn as OpenAI-style dicts (``role``, ``content``, ``tool_calls``,
+    ``tool_call_id``), when the agent recorded it (``AgentGraph.convert_agent_graph_output`` does)."""
     extra_fields: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.language_models.base import LanguageModelInput
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
 from langchain_core.runnables import Runnable
 from pydantic import BaseModel, Field
 
@@ -39,6 +39,10 @@ class AgentGraphOutput(BaseModel):
     """Messages up to the last model turn: prompt, assistant and tool/user messages (as in the seed)."""
     extra_fields: dict[str, Any] = Field(default_factory=dict)
     """Anything else the agent wants to keep (``num_model_turns``, ``num_tool_calls`` are filled in)."""
+
+
+MESSAGES_FIELD = "messages"
+"""``extra_fields["messages"]``: the trajectory's conversation, moved to :attr:`Trajectory.messages`."""
 
 
 class AgentGraph(ABC):
@@ -119,6 +123,8 @@ class AgentGraph(ABC):
             "num_model_turns": len(ai_messages),
             "num_tool_calls": sum(len(m.tool_calls) + len(m.invalid_tool_calls) for m in ai_messages),
             "finish_reason": meta.get("finish_reason"),
+            # The conversation as OpenAI-style dicts (role, content, tool_calls), for the trajectory log and viewer.
+            MESSAGES_FIELD: convert_to_openai_messages(messages[: last + 1]),
         }
         if self.check_template_drift:
             extra["template_drift"] = count_template_drift(

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput
+from lit_agentrl.agents.base import MESSAGES_FIELD, AgentGraph, AgentGraphOutput
 from lit_agentrl.agents.chat_model import RUN_SAMPLING_PARAMS
 from lit_agentrl.agents.config import load_agent_cfg
 from lit_agentrl.agents.registry import get_agent_class
@@ -278,6 +278,7 @@ def _to_trajectory(
         num_tool_calls=int(extra.pop("num_tool_calls", 0)),
         str_output=output.str_output,
         seconds=seconds,
+        messages=extra.pop(MESSAGES_FIELD, None),
         extra_fields=extra,
     )
 
