@@ -98,7 +98,13 @@ def tool_call_text(name: str, arguments: dict) -> str:
 
 
 def quick_config(
-    tmp_path: Path, model_dir: Path, steps: int, callbacks: list[dict] | None = None, n_samples: int = 4, **trainer
+    tmp_path: Path,
+    model_dir: Path,
+    steps: int,
+    callbacks: list[dict] | None = None,
+    n_samples: int = 4,
+    engine_kwargs: dict | None = None,
+    **trainer,
 ) -> Path:
     """The quickstart's shape, made small: 4 prompts x ``n_samples`` samples per step."""
     config = {
@@ -122,6 +128,7 @@ def quick_config(
                     "class_path": "lit_agentrl.callbacks.RolloutCallback",
                     "init_args": {
                         "n_samples": n_samples,
+                        "engine_kwargs": engine_kwargs or {},
                         "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
                         "val_sampling_params": {"max_new_tokens": 4, "temperature": 0.0},
                     },

@@ -32,12 +32,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from lit_agentrl.dtypes import torch_dtype
+from lit_agentrl.engines.admission import ROLLOUT_TRAJECTORY, AdmissionGate, TrajectoryTag, request_order
 from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.prefix_cache import CachedPrefix, PrefixCache
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.running_batch import RunningBatch, growing_cache, kv_layers, stack_prefixes
 from lit_agentrl.engines.sampling import SamplingParams, sample_tokens
+from lit_agentrl.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ class _Request:
     future: concurrent.futures.Future
     rng: random.Random
     stop_window: int = 0  # trailing output tokens decoded to look for stop strings (0: none)
+    tag: TrajectoryTag | None = None  # the rollout trajectory that sent it (see engines.admission)
+    order: tuple[Any, ...] = ()  # its place in an admission: by trajectory and turn, not arrival
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     counts: torch.Tensor | None = None  # [V]: how often this request generated each token (penalties only)
@@ -70,8 +74,15 @@ class TransformersEngine(RolloutEngine):
             ``cuda`` without an index means the rank's own GPU, ``cuda:<local rank>``.
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         max_running_requests: most sequences decoded together; more wait in the queue.
-        seed: with the request's submission order, it seeds the request's own sampling stream (SGLang's
-            per-request ``sampling_seed`` overrides it), so samples do not depend on batch composition.
+        seed: with the request's trajectory and turn (or, outside a rollout, its submission order), it seeds the
+            request's own sampling stream (SGLang's per-request ``sampling_seed`` overrides it), so samples do not
+            depend on batch composition.
+        deterministic: admit a rollout's requests only when all its running trajectories wait on the engine, in
+            trajectory order (:mod:`~lit_agentrl.engines.admission`), so batches, log-probs and samples do not
+            depend on timing: what makes a resumed run equal an unbroken one. The price: every step waits for the
+            slowest agent's Python and tools between turns, and a hanging tool holds every trajectory until its
+            timeout. False (default): admit by arrival (``admission_window_s``); requests from outside a rollout
+            manager are always admitted so.
         admission_window_s: an idle engine keeps gathering requests while the next one arrives within this.
         max_admission_wait_s: an idle engine starts at most this long after its first request arrived.
         prefix_cache_mb: memory for finished requests' KV, reused by requests that extend them (0: off).
@@ -115,13 +126,14 @@ class TransformersEngine(RolloutEngine):
         dtype: str = "float32",
         max_running_requests: int = 256,
         seed: int = 0,
+        deterministic: bool = False,
         admission_window_s: float = 0.002,
         max_admission_wait_s: float = 0.02,
         prefix_cache_mb: float = 256,
     ) -> None:
         torch_type = torch_dtype(dtype, where="engine_kwargs.dtype")
         if max_running_requests < 1:
-            raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
+            raise UserInputError(f"max_running_requests must be >= 1, got {max_running_requests}")
         self.model_path = model_path
         self.device = torch.device(device)
         model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_type)  # its ``to`` is mistyped
@@ -133,6 +145,7 @@ class TransformersEngine(RolloutEngine):
         eos = self.model.generation_config.eos_token_id
         self.eos_token_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self.max_running_requests = max_running_requests
+        self.deterministic = deterministic
         self.admission_window_s = admission_window_s
         self.max_admission_wait_s = max_admission_wait_s
         self.seed = seed
@@ -144,6 +157,7 @@ class TransformersEngine(RolloutEngine):
         self.busy_seconds: float = 0.0
         self._waiting: queue.Queue[_Request | None] = queue.Queue()
         self._step_lock = threading.Lock()  # held for each model step and for each weight update
+        self._gate: AdmissionGate | None = None  # the rollout whose requests were admitted last (scheduler thread)
         self._stopped = False
         self._thread = threading.Thread(target=self._serve, name="TransformersEngine", daemon=True)
         self._thread.start()
@@ -279,7 +293,7 @@ class TransformersEngine(RolloutEngine):
                     if len(tokenizer) <= 1:  # transformers 5 builds an empty one where there are no tokenizer files
                         raise ValueError("no tokenizer files there")
                 except (OSError, ValueError) as exc:
-                    raise ValueError(
+                    raise UserInputError(
                         f"sampling_params.stop: matching stop strings needs the model's tokenizer, and none loads from "
                         f"{self.model_path!r} ({exc}); use stop_token_ids"
                     ) from exc
@@ -290,13 +304,24 @@ class TransformersEngine(RolloutEngine):
         self, prompt: list[int], params: SamplingParams, return_logprob: bool, stop_window: int
     ) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        stream = params.sampling_seed if params.sampling_seed is not None else (self.seed, self._requests_submitted)
+        tag = ROLLOUT_TRAJECTORY.get()
+        if tag is not None:  # the trajectory's k-th request: the same stream whenever it arrives
+            index = tag.gate.next_request_index(tag.key)
+            stream: Any = (self.seed, *tag.key, index)
+        else:
+            index = self._requests_submitted
+            stream = (self.seed, index)
         self._requests_submitted += 1
-        request = _Request(prompt, params, return_logprob, future, random.Random(str(stream)), stop_window)
+        if params.sampling_seed is not None:
+            stream = params.sampling_seed
+        request = _Request(prompt, params, return_logprob, future, random.Random(str(stream)), stop_window, tag)
+        request.order = request_order(tag, index)
         if params.max_new_tokens == 0:
             future.set_result(self._result(request, {"type": "length", "length": 0}))
-        else:
-            self._waiting.put(request)
+            return future
+        self._waiting.put(request)
+        if tag is not None:  # after the put: once the gate is quiescent, every request it counted is queued
+            tag.gate.submitted(tag.key)
         return future
 
     # ------------------------------------------------------------------ scheduler thread
@@ -304,30 +329,65 @@ class TransformersEngine(RolloutEngine):
     def _serve(self) -> None:
         batch: RunningBatch[_Request] = RunningBatch()
         pending: collections.deque[_Request] = collections.deque()
+        admission_point = True  # idle, or requests finished in the last step (deterministic mode admits only then)
         while self._drain_queue(pending, block=not (batch.requests or pending)):
-            room = self.max_running_requests - len(batch.requests)
-            admitted = [pending.popleft() for _ in range(min(room, len(pending)))]
+            admitted = self._admit(pending, len(batch.requests), admission_point)
+            finished = 0
             try:
                 with self._step_lock, torch.inference_mode():
                     start = time.perf_counter()
                     if admitted:
-                        self._prefill(batch, admitted)
+                        finished += self._prefill(batch, admitted)
                     if batch.requests:
-                        self._decode(batch)
+                        finished += self._decode(batch)
                     self.busy_seconds += time.perf_counter() - start
             except Exception as exc:  # a model error fails the requests in flight, never the thread
                 log.exception("TransformersEngine step failed")
                 for request in batch.requests + admitted:
                     if not request.future.done():
-                        request.future.set_exception(exc)
-                batch = RunningBatch()
+                        _deliver(request, error=exc)
+                batch, finished = RunningBatch(), 1
+            admission_point = finished > 0 or not batch.requests
         stopped = RuntimeError("TransformersEngine has been shut down")
         for request in [*batch.requests, *pending]:
-            request.future.set_exception(stopped)
+            _deliver(request, error=stopped)
         while not self._waiting.empty():
             item = self._waiting.get_nowait()
             if item is not None:
-                item.future.set_exception(stopped)
+                _deliver(item, error=stopped)
+
+    def _admit(self, pending: collections.deque[_Request], running: int, admission_point: bool) -> list[_Request]:
+        """The pending requests that join the running batch now (as many as there is room for).
+
+        Deterministic mode admits only at admission points, once every running trajectory of the rollouts the
+        requests come from waits on the engine, and then in trajectory order: so which requests share a step does
+        not depend on when they arrived.
+        """
+        if self.deterministic:
+            if not admission_point:
+                return []
+            gates = {r.tag.gate for r in pending if r.tag is not None}
+            if self._gate is not None and not self._gate.finished:
+                gates.add(self._gate)
+            for gate in gates:
+                if not self._wait_quiescent(gate):
+                    return []
+            if gates:
+                self._drain_queue(pending, block=False)
+            ordered = sorted(pending, key=lambda r: r.order)
+            pending.clear()
+            pending.extend(ordered)
+        room = self.max_running_requests - running
+        admitted = [pending.popleft() for _ in range(min(room, len(pending)))]
+        self._gate = next((r.tag.gate for r in reversed(admitted) if r.tag is not None), self._gate)
+        return admitted
+
+    def _wait_quiescent(self, gate: AdmissionGate) -> bool:
+        """Wait until the gate is quiescent; False when the engine shuts down meanwhile."""
+        while not gate.wait_quiescent(timeout=0.1):
+            if self._stopped:
+                return False
+        return True
 
     def _drain_queue(self, pending: collections.deque[_Request], block: bool) -> bool:
         """Move queued requests into ``pending``; False once shut down.
@@ -350,7 +410,7 @@ class TransformersEngine(RolloutEngine):
         except queue.Empty:
             return True
 
-    def _prefill(self, batch: RunningBatch[_Request], admitted: list[_Request]) -> None:
+    def _prefill(self, batch: RunningBatch[_Request], admitted: list[_Request]) -> int:
         """Prefill the admitted prompts into the running batch: each distinct prompt once, after its cached prefix."""
         distinct: dict[tuple[int, ...], int] = {}
         rows = [distinct.setdefault(tuple(r.input_ids), len(distinct)) for r in admitted]
@@ -363,7 +423,9 @@ class TransformersEngine(RolloutEngine):
                 layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
             mask, logits = mask.index_select(0, index), logits.index_select(0, index)
         batch.merge(admitted, cache, mask)
-        self._sample_and_finish(batch, logits, rows=range(len(batch.requests) - len(admitted), len(batch.requests)))
+        return self._sample_and_finish(
+            batch, logits, rows=range(len(batch.requests) - len(admitted), len(batch.requests))
+        )
 
     def _forward_prompts(
         self, prompts: list[list[int]], cached: list[CachedPrefix | None]
@@ -400,7 +462,7 @@ class TransformersEngine(RolloutEngine):
         ).logits[:, -1, :]
         return cache, mask, logits
 
-    def _decode(self, batch: RunningBatch[_Request]) -> None:
+    def _decode(self, batch: RunningBatch[_Request]) -> int:
         last = torch.tensor([[r.output_ids[-1]] for r in batch.requests], device=self.device)
         positions = torch.tensor([[r.next_position] for r in batch.requests], device=self.device)
         logits = self.model(
@@ -410,9 +472,11 @@ class TransformersEngine(RolloutEngine):
             **{self._cache_kwarg: batch.cache},
             use_cache=True,
         ).logits[:, -1, :]
-        self._sample_and_finish(batch, logits, rows=range(len(batch.requests)))
+        return self._sample_and_finish(batch, logits, rows=range(len(batch.requests)))
 
-    def _sample_and_finish(self, batch: RunningBatch[_Request], logits: torch.Tensor, rows: range) -> None:
+    def _sample_and_finish(self, batch: RunningBatch[_Request], logits: torch.Tensor, rows: range) -> int:
+        """Sample a token for each of ``rows``; finished requests get their results and leave the batch. Returns
+        how many finished."""
         requests = [batch.requests[i] for i in rows]
         uniforms = torch.tensor([r.rng.random() for r in requests], device=logits.device)
         counts = self._generated_counts(requests, logits)
@@ -427,7 +491,7 @@ class TransformersEngine(RolloutEngine):
             if reason is not None:
                 finished.append((row, request, reason))
         if not finished:
-            return
+            return 0
         if self.prefix_cache is not None:  # every token fed so far: the prompt and all but the last output
             for row, request, _ in finished:
                 self.prefix_cache.store(request.input_ids + request.output_ids[:-1], batch.row_kv(row))
@@ -435,8 +499,9 @@ class TransformersEngine(RolloutEngine):
         # with this thread's many small tensor operations (measured: 1 s of a 1.9 s multi-turn rollout).
         for _, request, reason in finished:
             request.counts = None
-            request.future.set_result(self._result(request, reason))
+            _deliver(request, self._result(request, reason))
         batch.drop([row for row, _, _ in finished])
+        return len(finished)
 
     @staticmethod
     def _generated_counts(requests: list[_Request], logits: torch.Tensor) -> torch.Tensor | None:
@@ -490,3 +555,15 @@ class TransformersEngine(RolloutEngine):
         if request.return_logprob:
             meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(request.logprobs, request.output_ids)]
         return {"output_ids": list(request.output_ids), "meta_info": meta}
+
+
+def _deliver(request: _Request, result: GenerateResult | None = None, error: BaseException | None = None) -> None:
+    """Hand a request its answer; its trajectory counts as running again first (see engines.admission)."""
+    if request.tag is not None:
+        request.tag.gate.answered(request.tag.key)
+    if request.future.done():  # cancelled by its caller (a trajectory's timeout)
+        return
+    if error is not None:
+        request.future.set_exception(error)
+    else:
+        request.future.set_result(result)

@@ -23,6 +23,7 @@ from lit_agentrl.agents.base import MESSAGES_FIELD, AgentGraph, AgentGraphOutput
 from lit_agentrl.agents.chat_model import RUN_SAMPLING_PARAMS
 from lit_agentrl.agents.config import load_agent_cfg
 from lit_agentrl.agents.registry import get_agent_class
+from lit_agentrl.engines.admission import ROLLOUT_TRAJECTORY, AdmissionGate, TrajectoryTag
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.rewards import RewardFn, resolve_reward_fn
@@ -111,12 +112,12 @@ class RolloutManager:
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
         SamplingParams.from_dict(sampling_params)  # fail before any trajectory starts
-        semaphores = [asyncio.Semaphore(self.max_inflight_per_engine) for _ in self.engines]
+        keys = [(group, sample) for group in range(len(rows)) for sample in range(n_samples)]
+        gate = AdmissionGate(keys, self.max_inflight_per_engine * len(self.engines))
         start, self._reward_seconds = time.perf_counter(), 0.0
         tasks = [
-            self._run_one(row, group, sample, dict(sampling_params), semaphores)
-            for group, row in enumerate(rows)
-            for sample in range(n_samples)
+            self._run_one(rows[group], TrajectoryTag(gate, (group, sample)), dict(sampling_params))
+            for group, sample in keys
         ]
         trajectories = list(await asyncio.gather(*tasks))
         stats = summarize(trajectories, time.perf_counter() - start)
@@ -137,21 +138,18 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ one trajectory
 
-    async def _run_one(
-        self,
-        row: Mapping[str, Any],
-        group: int,
-        sample: int,
-        sampling_params: dict[str, Any],
-        semaphores: list[asyncio.Semaphore],
-    ) -> Trajectory:
-        agent_name = str(row.get("agent_name"))
-        RUN_SAMPLING_PARAMS.set(sampling_params)  # this trajectory's task only: a ChatModel called without them
-        engine_index = min(range(len(self.engines)), key=self._outstanding.__getitem__)
-        self._outstanding[engine_index] += 1
+    async def _run_one(self, row: Mapping[str, Any], tag: TrajectoryTag, sampling_params: dict[str, Any]) -> Trajectory:
+        (group, sample), agent_name = tag.key, str(row.get("agent_name"))
+        # This trajectory's task only: a ChatModel called without sampling params uses these, and every request
+        # carries the trajectory's tag (engines.admission).
+        RUN_SAMPLING_PARAMS.set(sampling_params)
+        ROLLOUT_TRAJECTORY.set(tag)
         start = time.perf_counter()
+        await tag.gate.acquire(tag.key)
+        engine_index = self._route(group)
+        self._outstanding[engine_index] += 1
         try:
-            async with semaphores[engine_index]:
+            try:
                 start = time.perf_counter()
                 graph = self._graph(row, engine_index)
                 kwargs = agent_run_kwargs(row)
@@ -162,6 +160,8 @@ class RolloutManager:
                         f"{type(graph).__name__}.run returned {type(output).__name__}, not AgentGraphOutput"
                     )
                 check_output(output)
+            finally:
+                tag.gate.release(tag.key)
             reward = await self._reward(output, row, kwargs["ground_truth"])  # the engine slot is free meanwhile
         except asyncio.TimeoutError:
             reason = f"timeout: trajectory exceeded {self.trajectory_timeout_s}s"
@@ -180,6 +180,14 @@ class RolloutManager:
         finally:
             self._outstanding[engine_index] -= 1
         return _to_trajectory(output, group, sample, agent_name, reward, _since(start))
+
+    def _route(self, group: int) -> int:
+        """The engine for a trajectory: fixed by its group when every engine is deterministic (which engine serves
+        it must not depend on timing either; a group's prompts then share one engine's prefix cache), else the one
+        with the fewest trajectories outstanding."""
+        if all(getattr(engine, "deterministic", False) for engine in self.engines):
+            return group % len(self.engines)
+        return min(range(len(self.engines)), key=self._outstanding.__getitem__)
 
     def _graph(self, row: Mapping[str, Any], engine_index: int) -> AgentGraph:
         """The graph for the row's agent and config on this engine, built once."""

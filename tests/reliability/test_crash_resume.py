@@ -35,7 +35,17 @@ def config_for(folder: Path, model_dir: Path) -> Path:
         },
         {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": str(folder / "hf")}},
     ]
-    return quick_config(folder, model_dir, STEPS, callbacks, n_samples=8, enable_checkpointing=True)
+    # Deterministic admission: the engine's batches, hence its log-probs and samples, do not depend on timing
+    # (engines.admission); without it a loaded machine breaks bit-exactness now and then.
+    return quick_config(
+        folder,
+        model_dir,
+        STEPS,
+        callbacks,
+        n_samples=8,
+        engine_kwargs={"deterministic": True},
+        enable_checkpointing=True,
+    )
 
 
 def launch(config: Path, *extra: str) -> subprocess.Popen:
