@@ -7,8 +7,10 @@ any extra fields, which reach the agent's ``run(**kwargs)``.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,63 +20,201 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_agentrl.agents.config import load_agent_cfg
 from lit_agentrl.agents.registry import get_agent_class, import_agent_modules
+from lit_agentrl.errors import UserInputError
 from lit_agentrl.rewards import get_reward_fn, resolve_reward_fn
 from lit_agentrl.rows import PROMPT_KEYS, row_ground_truth, row_prompt
 from lit_agentrl.types import PromptBatch
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 _MAX_ERRORS_SHOWN = 10
+_SHOWN_CHARS = 80
+_ROLES = ("system", "user", "assistant", "tool")
+_MESSAGE = "{'role': 'user', 'content': '...'}"
+_ROW_HINT = "a row needs 'agent_name' and 'prompt' (a list of chat messages); see the README's 'Data' section"
+
+
+@dataclass
+class DataFile:
+    """A data file's rows and where each one is, as a person counts: JSON lines by their physical line (1-based),
+    JSON arrays and Parquet by their row (1-based)."""
+
+    path: str
+    rows: list[dict[str, Any]]
+    unit: Literal["line", "row"]
+    numbers: list[int]
+
+    def where(self, indices: Sequence[int]) -> str:
+        """``line 2``, ``row 3 (1-based)``, ``7 lines (1, 2, 3, 4, 5, ...)``."""
+        numbers = [self.numbers[i] for i in indices]
+        based = " (1-based)" if self.unit == "row" else ""
+        if len(numbers) == 1:
+            return f"{self.unit} {numbers[0]}{based}"
+        listed = ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
+        return f"{len(numbers)} {self.unit}s ({listed}){based}"
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Every row of a JSON/JSONL/Parquet file, through ``datasets``; errors name the file."""
+    """Every row of a JSON/JSONL/Parquet file; a :class:`UserInputError` names the file, line and problem."""
+    return read_data_file(path).rows
+
+
+def read_data_file(path: str | Path) -> DataFile:
+    """The file's rows (read by ``datasets``) and their places in the file.
+
+    JSON is checked here first (UTF-8, then each line or array item): ``datasets`` reports invalid UTF-8 with no
+    place, and bad JSON by pyarrow's 0-based row within a block.
+    """
+    path = _checked_path(Path(path))
+    builder = _BUILDERS[path.suffix.lower()]
+    unit, numbers = _scan_json(path) if builder == "json" else ("row", [])
+    rows = [] if builder == "json" and not numbers else _read_table(path, builder)
+    if not rows:
+        raise UserInputError(f"data file {str(path)!r} has no rows")
+    if len(numbers) != len(rows):  # Parquet, or datasets counted rows otherwise than the scan: number the rows
+        unit, numbers = "row", list(range(1, len(rows) + 1))
+    return DataFile(str(path), rows, unit, numbers)
+
+
+def _checked_path(path: Path) -> Path:
+    name = str(path)
+    expected = "a .jsonl (one JSON object per line), .json (an array of objects) or .parquet file"
+    if path.is_dir():
+        raise UserInputError(
+            f"data file {name!r} is a directory; expected {expected}",
+            hint="list the files in data.train_files / data.val_files (a list of paths is accepted)",
+        )
+    if path.suffix.lower() not in _BUILDERS:
+        raise UserInputError(f"data file {name!r}: unsupported extension {path.suffix!r}; expected {expected}")
+    if not path.is_file():
+        where = "" if path.is_absolute() else f" (relative to the working directory {str(Path.cwd())!r})"
+        raise UserInputError(f"data file {name!r} does not exist{where}")
+    if path.stat().st_size == 0:
+        raise UserInputError(f"data file {name!r} is empty; expected {expected}")
+    return path
+
+
+def _read_table(path: Path, builder: str) -> list[dict[str, Any]]:
     import datasets
 
-    path = Path(path)
-    builder = _BUILDERS.get(path.suffix.lower())
-    if builder is None:
-        raise ValueError(
-            f"data file {str(path)!r}: unsupported extension {path.suffix!r}; use one of {sorted(_BUILDERS)}"
-        )
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-    if path.stat().st_size == 0:
-        raise ValueError(f"data file {str(path)!r} is empty")
     datasets.disable_progress_bars()
     with tempfile.TemporaryDirectory() as cache:  # keep datasets' Arrow cache out of the user's home
         try:
             table = datasets.load_dataset(
                 builder, data_files=str(path), split="train", cache_dir=cache, keep_in_memory=True
             )
+            return table.to_list()  # pyarrow decodes text here: invalid UTF-8 in Parquet surfaces now
         except Exception as exc:  # datasets wraps JSON/Arrow errors in several types
             cause = exc.__cause__ or exc
-            raise ValueError(
+            raise UserInputError(
                 f"data file {str(path)!r} could not be read as {builder}: {type(cause).__name__}: {cause}"
             ) from exc
-        rows = table.to_list()
-    if not rows:
-        raise ValueError(f"data file {str(path)!r} has no rows")
-    return rows
+
+
+def _scan_json(path: Path) -> tuple[Literal["line", "row"], list[int]]:
+    """Check that the file is UTF-8 JSON rows; the line of each row (JSON lines) or 1..n (a JSON array)."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _invalid_utf8(path, data, exc) from exc
+    if text.lstrip()[:1] == "[":
+        return "row", _scan_json_array(path, text)
+    return "line", _scan_json_lines(path, text)
+
+
+def _invalid_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> UserInputError:
+    line_start = data.rfind(b"\n", 0, exc.start) + 1
+    line_end = data.find(b"\n", exc.start)
+    line = data[line_start : len(data) if line_end < 0 else line_end].decode("utf-8", errors="replace")
+    number = data.count(b"\n", 0, exc.start) + 1
+    return UserInputError(
+        f"data file {str(path)!r}, line {number}: invalid UTF-8, byte "
+        f"0x{data[exc.start]:02x} at byte offset {exc.start} (column {exc.start - line_start + 1}): {_start(line)}",
+        hint=f"save the file as UTF-8, e.g. iconv -f latin1 -t utf-8 {path.name} > fixed{path.suffix}",
+    )
+
+
+def _scan_json_lines(path: Path, text: str) -> list[int]:
+    numbers = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue  # blank lines hold no row (datasets skips them too)
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise _not_json(path, number, line, exc) from exc
+        if not isinstance(value, dict):
+            raise UserInputError(
+                f"data file {str(path)!r}, line {number}: a JSON {_json_type(value)}, expected a row object "
+                f"{{'agent_name': ..., 'prompt': [...]}}: {_start(line)}"
+            )
+        numbers.append(number)
+    return numbers
+
+
+def _scan_json_array(path: Path, text: str) -> list[int]:
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        line = text.split("\n")[exc.lineno - 1]
+        raise _not_json(path, exc.lineno, line, exc) from exc
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise UserInputError(
+                f"data file {str(path)!r}, row {i + 1} (1-based): a JSON {_json_type(row)}, expected a row object "
+                f"{{'agent_name': ..., 'prompt': [...]}}: {_start(json.dumps(row))}"
+            )
+    return list(range(1, len(rows) + 1))
+
+
+def _not_json(path: Path, number: int, line: str, exc: json.JSONDecodeError) -> UserInputError:
+    return UserInputError(
+        f"data file {str(path)!r}, line {number}: not valid JSON ({exc.msg}, column {exc.colno}): {_start(line)}",
+        hint="a .jsonl file holds one complete JSON object (a row) per line; a .json file, one JSON array of them",
+    )
+
+
+def _start(text: str) -> str:
+    """The start of a line, quoted, for an error message."""
+    text = text.strip()
+    return repr(text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "...")
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def row_errors(row: Mapping[str, Any], data_dir: Path, reward_fn: str | None) -> list[str]:
     """What is wrong with one row, each naming the field; empty when the row is usable."""
+    errors = _agent_errors(row, data_dir)
+    errors += _prompt_errors(row)
+    errors += _ground_truth_errors(row, reward_fn)
+    return errors
+
+
+def _agent_errors(row: Mapping[str, Any], data_dir: Path) -> list[str]:
     errors = []
     agent_name = row.get("agent_name")
     if not agent_name:
-        errors.append("field 'agent_name' is missing or empty")
+        errors.append("field 'agent_name' is missing or empty; it names a registered agent")
     elif not isinstance(agent_name, str):
-        errors.append(f"field 'agent_name' must be a string, got {type(agent_name).__name__}")
+        errors.append(f"field 'agent_name' must be a string, got {_json_type(agent_name)} {_short(agent_name)}")
     else:
         try:
             agent_class = get_agent_class(agent_name)
         except KeyError as exc:
             errors.append(f"field 'agent_name': {exc.args[0]}")
-        else:  # the agent's own checks of the fields it needs (AgentGraph.row_errors)
+        else:  # the fields the agent declares it needs, then its own checks of them (AgentGraph.row_errors)
+            errors += [
+                f"field {name!r} is missing or null; agent {agent_name!r} needs it (its required_fields)"
+                for name in getattr(agent_class, "required_fields", ())
+                if row.get(name) is None
+            ]
             errors += getattr(agent_class, "row_errors", lambda row: [])(row)
     cfg_path = row.get("agent_cfg_path")
     if cfg_path and not isinstance(cfg_path, str):
-        errors.append(f"field 'agent_cfg_path' must be a path string, got {type(cfg_path).__name__}")
+        errors.append(f"field 'agent_cfg_path' must be a path string, got {_json_type(cfg_path)} {_short(cfg_path)}")
     elif cfg_path:
         try:
             load_agent_cfg(resolve_cfg_path(cfg_path, data_dir))
@@ -85,8 +225,6 @@ def row_errors(row: Mapping[str, Any], data_dir: Path, reward_fn: str | None) ->
             )
         except ValueError as exc:
             errors.append(f"field 'agent_cfg_path': {exc}")
-    errors += _prompt_errors(row)
-    errors += _ground_truth_errors(row, reward_fn)
     return errors
 
 
@@ -108,16 +246,47 @@ def _ground_truth_errors(row: Mapping[str, Any], reward_fn: str | None) -> list[
 def _prompt_errors(row: Mapping[str, Any]) -> list[str]:
     key = next((k for k in PROMPT_KEYS if k in row), None)
     if key is None:
-        return [f"no prompt: expected a field named one of {list(PROMPT_KEYS)}"]
+        return [f"no prompt: expected a field named one of {list(PROMPT_KEYS)}, a list of messages like [{_MESSAGE}]"]
     prompt = row[key]
-    if not isinstance(prompt, list) or not prompt:
-        return [f"field {key!r} must be a non-empty list of chat messages, got {type(prompt).__name__}"]
+    if not isinstance(prompt, list):
+        return [
+            f"field {key!r} must be a list of chat messages like [{_MESSAGE}], got {_json_type(prompt)} {_short(prompt)}"
+        ]
+    if not prompt:
+        return [f"field {key!r} is an empty list; the prompt needs at least one message {_MESSAGE}"]
     for i, message in enumerate(prompt):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) or "content" not in message:
-            return [f"field {key!r}[{i}] must be a message with 'role' and 'content', got {message!r}"]
-        if message["role"] not in ("system", "user", "assistant", "tool"):
-            return [f"field {key!r}[{i}]: role {message['role']!r} is not one of system, user, assistant, tool"]
+        problem = _message_problem(message)
+        if problem:
+            return [f"field {key!r}[{i}]{problem}"]
     return []
+
+
+def _message_problem(message: Any) -> str | None:
+    """What is wrong with one prompt message (text following the field's name), or None.
+
+    ``content`` must be a string: chat templates concatenate it, so a null would fail mid-rollout or render as
+    "None". The one exception is OpenAI's layout of an assistant turn that only calls tools (null content, non-empty
+    ``tool_calls``), which templates render.
+    """
+    if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+        return f" must be a message with 'role' and 'content' like {_MESSAGE}, got {_short(message)}"
+    role, content = message["role"], message.get("content")
+    if role not in _ROLES:
+        return f": role {role!r} is not one of {', '.join(_ROLES)}"
+    if content is None and not (role == "assistant" and message.get("tool_calls")):
+        state = "missing" if "content" not in message else "null"
+        return (
+            f".content is {state} (role {role!r}); it must be a string ('' for an empty turn); "
+            "only an assistant message with 'tool_calls' may leave it null"
+        )
+    if content is not None and not isinstance(content, str):
+        return f".content must be a string, got {_json_type(content)} {_short(content)}"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
 
 
 def resolve_cfg_path(cfg_path: str, data_dir: Path) -> str:
@@ -133,30 +302,26 @@ def resolve_cfg_path(cfg_path: str, data_dir: Path) -> str:
 
 
 def load_and_validate(paths: Sequence[str], reward_fn: str | None) -> list[dict[str, Any]]:
-    """Load every file and validate every row; one ``ValueError`` lists the first problems found."""
-    rows: list[dict[str, Any]] = []
-    problems: dict[tuple[str, str], list[int]] = {}  # (file, error) -> rows, so one mistake repeated is one line
-    for path in paths:
-        data_dir = Path(path).resolve().parent
-        for i, row in enumerate(load_rows(path)):
+    """Load every file and validate every row; one :class:`UserInputError` lists the first problems found,
+    each with its file, line (or row) and field."""
+    files = [read_data_file(path) for path in paths]
+    problems: dict[tuple[int, str], list[int]] = {}  # (file, error) -> rows, so one mistake repeated is one line
+    for f, file in enumerate(files):
+        data_dir = Path(file.path).resolve().parent
+        for i, row in enumerate(file.rows):
             for error in row_errors(row, data_dir, reward_fn):
-                problems.setdefault((str(path), error), []).append(i)
+                problems.setdefault((f, error), []).append(i)
             if row.get("agent_cfg_path") and isinstance(row["agent_cfg_path"], str):
                 row["agent_cfg_path"] = resolve_cfg_path(row["agent_cfg_path"], data_dir)
-            rows.append(row)
     if problems:
-        lines = [f"{file}, {_rows_text(indices)}: {error}" for (file, error), indices in problems.items()]
+        lines = [
+            f"data file {files[f].path!r}, {files[f].where(indices)}: {error}"
+            for (f, error), indices in problems.items()
+        ]
         shown = "\n  ".join(lines[:_MAX_ERRORS_SHOWN])
         more = f"\n  ... and {len(lines) - _MAX_ERRORS_SHOWN} more" if len(lines) > _MAX_ERRORS_SHOWN else ""
-        raise ValueError(f"invalid data (rows are numbered from 0):\n  {shown}{more}")
-    return rows
-
-
-def _rows_text(indices: list[int]) -> str:
-    if len(indices) == 1:
-        return f"row {indices[0]}"
-    listed = ", ".join(map(str, indices[:5])) + (", ..." if len(indices) > 5 else "")
-    return f"{len(indices)} rows ({listed})"
+        raise UserInputError(f"invalid data:\n  {shown}{more}", hint=_ROW_HINT)
+    return [row for file in files for row in file.rows]
 
 
 def _prompt_tokens(tokenizer: Any, row: Mapping[str, Any]) -> int:
@@ -249,7 +414,7 @@ class PromptBatchLoader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state.get("num_rows", len(self.rows)) != len(self.rows) or state.get("seed", self.seed) != self.seed:
-            raise ValueError(
+            raise UserInputError(
                 f"cannot resume the data position: the checkpoint was taken with {state.get('num_rows')} rows and seed "
                 f"{state.get('seed')}, this run has {len(self.rows)} rows and seed {self.seed}"
             )
@@ -305,10 +470,10 @@ class AgentPromptDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         if dynamic_max_rounds < 1:
-            raise ValueError(f"data.dynamic_max_rounds must be >= 1, got {dynamic_max_rounds}")
+            raise UserInputError(f"data.dynamic_max_rounds must be >= 1, got {dynamic_max_rounds}")
         self.dynamic_sampling, self.dynamic_max_rounds = dynamic_sampling, dynamic_max_rounds
         if prompts_per_step < 1:
-            raise ValueError(f"data.prompts_per_step must be >= 1, got {prompts_per_step}")
+            raise UserInputError(f"data.prompts_per_step must be >= 1, got {prompts_per_step}")
         if reward_fn is not None:
             get_reward_fn(reward_fn)  # unknown names fail here, listing the registered ones
         self.train_files = [train_files] if isinstance(train_files, str) else list(train_files)
@@ -318,9 +483,9 @@ class AgentPromptDataModule(L.LightningDataModule):
         self.seed, self.shuffle, self.reward_fn = seed, shuffle, reward_fn
         self.agent_modules = list(agent_modules or [])
         if overlong_prompts not in ("error", "skip"):
-            raise ValueError(f"data.overlong_prompts must be 'error' or 'skip', got {overlong_prompts!r}")
+            raise UserInputError(f"data.overlong_prompts must be 'error' or 'skip', got {overlong_prompts!r}")
         if max_prompt_length is not None and max_prompt_length < 1:
-            raise ValueError(f"data.max_prompt_length must be >= 1 or null, got {max_prompt_length}")
+            raise UserInputError(f"data.max_prompt_length must be >= 1 or null, got {max_prompt_length}")
         self.max_prompt_length = max_prompt_length
         self.overlong_prompts = overlong_prompts
         self.tokenizer_path = tokenizer_path
@@ -336,11 +501,11 @@ class AgentPromptDataModule(L.LightningDataModule):
             ("data.val_prompts_per_step", self.val_prompts_per_step),
         ):
             if size % world:
-                raise ValueError(f"{name}={size} must be divisible by the number of processes ({world})")
+                raise UserInputError(f"{name}={size} must be divisible by the number of processes ({world})")
         if stage == "fit" and self._train_loader is None:
             rows = self._limit_prompt_length(load_and_validate(self.train_files, self.reward_fn), self.train_files)
             if len(rows) < self.prompts_per_step:
-                raise ValueError(
+                raise UserInputError(
                     f"{self.train_files}: {len(rows)} rows, fewer than data.prompts_per_step={self.prompts_per_step}"
                 )
             self._train_loader = PromptBatchLoader(
@@ -357,17 +522,19 @@ class AgentPromptDataModule(L.LightningDataModule):
         if self.max_prompt_length is None:
             return rows
         if not self.tokenizer_path:
-            raise ValueError("data.max_prompt_length needs data.tokenizer_path (the CLI links it to model.model_path)")
+            raise UserInputError(
+                "data.max_prompt_length needs data.tokenizer_path (the CLI links it to model.model_path)"
+            )
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         over = [i for i, row in enumerate(rows) if _prompt_tokens(tokenizer, row) > self.max_prompt_length]
         if not over:
             return rows
-        example = str(row_prompt(rows[over[0]])[-1].get("content", ""))[:80]
+        example = str(row_prompt(rows[over[0]])[-1].get("content") or "")[:80]
         what = f"{files}: {len(over)} of {len(rows)} prompts are longer than data.max_prompt_length={self.max_prompt_length} tokens (e.g. {example!r})"
         if self.overlong_prompts == "error":
-            raise ValueError(f"{what}; raise the limit or set data.overlong_prompts: skip")
+            raise UserInputError(what, hint="raise data.max_prompt_length or set data.overlong_prompts: skip")
         rank_zero_info(f"AgentPromptDataModule: skipping them. {what}")
         self.num_skipped_overlong += len(over)
         dropped = set(over)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.language_models.base import LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
@@ -65,6 +65,9 @@ class AgentGraph(ABC):
             async def run(self, messages, sampling_params, **kwargs) -> AgentGraphOutput: ...
     """
 
+    required_fields: ClassVar[tuple[str, ...]] = ()
+    """Row fields ``run`` needs (they reach it as keyword arguments): every row of the agent must have each, not
+    null, or the data fails at setup naming the file, line and field. :meth:`row_errors` checks their values."""
     check_template_drift: bool = False
     """When True, :meth:`convert_agent_graph_output` records ``extra_fields["template_drift"]``."""
     chatmodel: Runnable[LanguageModelInput, AIMessage]

@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import MATH_EVAL_CFG, MATH_SAMPLE_TRAIN
 
+from lit_agentrl.agents import AgentGraph, register
 from lit_agentrl.data import AgentPromptDataModule, PromptBatchLoader, load_and_validate, row_errors
+from lit_agentrl.errors import UserInputError
 
 GOOD = {
     "agent_name": "matheval_agent",
@@ -38,20 +40,20 @@ def test_bundled_samples_validate():
         ({"agent_name": None}, "field 'agent_name' is missing"),
         ({"agent_name": "nobody"}, "unknown agent_name 'nobody'; registered agents:"),
         ({"agent_cfg_path": "configs/agents/nope.yaml"}, "'configs/agents/nope.yaml' not found"),
-        ({"prompt": []}, "field 'prompt' must be a non-empty list"),
+        ({"prompt": []}, "field 'prompt' is an empty list; the prompt needs at least one message"),
         ({"prompt": [{"content": "hi"}]}, "field 'prompt'[0] must be a message with 'role' and 'content'"),
         ({"prompt": [{"role": "narrator", "content": "hi"}]}, "role 'narrator' is not one of"),
         ({"reward_model": {"ground_truth": None}}, "ground_truth') is missing; the reward function needs it"),
     ],
 )
-def test_bad_rows_are_named_by_file_row_and_field(tmp_path, change, fragment):
+def test_bad_rows_are_named_by_file_line_and_field(tmp_path, change, fragment):
     bad = {**GOOD, **change}
     path = write_jsonl(tmp_path / "train.jsonl", [GOOD, bad])
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(UserInputError) as info:
         load_and_validate([str(path)], reward_fn="math")
     message = str(info.value)
-    assert f"{path}, row 1: " in message and fragment in message, message
-    assert "row 0" not in message
+    assert f"data file '{path}', line 2: " in message and fragment in message, message
+    assert "line 1" not in message
 
 
 @pytest.mark.parametrize("secret", [None, 12, 2.5])
@@ -61,8 +63,26 @@ def test_an_agent_checks_its_own_row_fields_at_setup(tmp_path, secret):
     with pytest.raises(ValueError) as info:
         load_and_validate([str(path)], reward_fn=None)
     message = str(info.value)
-    assert f"{path}, row 1: row field 'secret' must be a digit 0-9 (an integer), got {secret!r}" in message, message
-    assert "row 0" not in message  # 4 stays a digit even where the loader made the column float
+    assert f"'{path}', line 2: row field 'secret' must be a digit 0-9 (an integer), got {secret!r}" in message, message
+    assert "line 1" not in message  # 4 stays a digit even where the loader made the column float
+
+
+@register("test_agent_with_required_fields")
+class NeedsHint(AgentGraph):
+    required_fields = ("hint",)
+
+    async def run(self, messages, sampling_params, **kwargs):
+        raise NotImplementedError
+
+
+def test_fields_an_agent_declares_are_required_of_every_row_at_setup(tmp_path):
+    row = {"agent_name": "test_agent_with_required_fields", "prompt": [{"role": "user", "content": "go"}]}
+    path = write_jsonl(tmp_path / "train.jsonl", [{**row, "hint": "x"}, row, {**row, "hint": None}])
+    with pytest.raises(UserInputError) as info:
+        load_and_validate([str(path)], reward_fn=None)
+    message = str(info.value)
+    assert "2 lines (2, 3): field 'hint' is missing or null; agent 'test_agent_with_required_fields' needs it" in message
+    assert "line 1" not in message
 
 
 def test_row_without_prompt_field(tmp_path):
@@ -84,7 +104,7 @@ def test_repeated_mistake_is_reported_once_with_its_rows(tmp_path):
     path = write_jsonl(tmp_path / "train.jsonl", [{**GOOD, "agent_name": "nobody"}] * 7)
     with pytest.raises(ValueError) as info:
         load_and_validate([str(path)], reward_fn="math")
-    assert "7 rows (0, 1, 2, 3, 4, ...)" in str(info.value)
+    assert "7 lines (1, 2, 3, 4, 5, ...)" in str(info.value)
     assert str(info.value).count("unknown agent_name") == 1
 
 
@@ -93,7 +113,7 @@ def test_repeated_mistake_is_reported_once_with_its_rows(tmp_path):
     [
         ("missing.jsonl", None, "does not exist"),
         ("empty.jsonl", "", "is empty"),
-        ("broken.jsonl", '{"agent_name": "x"\n', "could not be read as json"),
+        ("broken.jsonl", '{"agent_name": "x"\n', "line 1: not valid JSON"),
         ("table.csv", "a,b\n", "unsupported extension '.csv'"),
     ],
 )
@@ -101,7 +121,7 @@ def test_unreadable_files_are_named(tmp_path, name, content, fragment):
     path = tmp_path / name
     if content is not None:
         path.write_text(content)
-    with pytest.raises((ValueError, FileNotFoundError), match=fragment) as info:
+    with pytest.raises(UserInputError, match=fragment) as info:
         load_and_validate([str(path)], reward_fn="math")
     assert name in str(info.value)
 
