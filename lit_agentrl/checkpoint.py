@@ -4,7 +4,9 @@ Lightning writes a checkpoint straight to its final path; a crash mid-write (SIG
 truncated file where a good one may have been. This writes beside it and renames, which is atomic on POSIX
 file systems, so an interrupted save leaves the previous checkpoint usable.
 
-Use it with ``trainer.plugins: [lit_agentrl.checkpoint.AtomicCheckpointIO]`` (the CLI does by default).
+``lit-agentrl`` uses it by default: ``trainer.plugins: [{class_path: lit_agentrl.checkpoint.AtomicCheckpointIO}]``
+(a class path, not an instance, so the saved config names it and re-runs); a config that sets ``trainer.plugins``
+replaces that default, and lists it there to keep atomic writes.
 Sharded checkpoints of ``ModelParallelStrategy`` are folders written by torch.distributed.checkpoint, whose
 ``.metadata`` file is written last: an interrupted one fails to load with a clear error, and step-named
 folders (``ModelCheckpoint(save_top_k=-1)``) keep the previous one.

@@ -3,37 +3,93 @@
 lit-agentrl fit --config configs/quickstart.yaml
 lit-agentrl validate --config configs/quickstart.yaml --ckpt_path PATH
 lit-agentrl plan --config configs/qwen3_8b_math_agent.yaml [--gpu-memory-gb 80] [--devices N] [--override KEY=VALUE]
+lit-agentrl view RUN_DIR [--out FILE] [--serve [--port N]] [--max-trajectories N]
+
+A configuration or data error (:class:`~lit_agentrl.errors.UserInputError`) is printed as one message and the
+command exits with status 2, as for a command-line error; ``LIT_AGENTRL_TRACEBACK=1`` shows its full traceback.
 """
 
 from __future__ import annotations
 
-import csv
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
-from lit_agentrl.checkpoint import AtomicCheckpointIO
+# The package: `class_path: RolloutCallback` resolves by name.
+from lit_agentrl.callbacks import StepProgressBar, TrajectoryLog
 from lit_agentrl.data import AgentPromptDataModule
+from lit_agentrl.errors import UserInputError
 from lit_agentrl.module import GRPOModule
 
 REWARD_KEY = "rollout/reward_mean"
 DEFAULT_ROOT_DIR = "outputs"
+TRACEBACK_ENV = "LIT_AGENTRL_TRACEBACK"
+EXIT_USER_ERROR = 2  # argparse's (and jsonargparse's) status for a bad command line
+# The data module splits prompts across ranks itself; checkpoint files are written atomically (a class_path, so the
+# saved config names it and re-runs); whatever a run writes without a folder of its own (logs, checkpoints, the
+# saved config) goes under outputs/.
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "use_distributed_sampler": False,
+    "plugins": [{"class_path": "lit_agentrl.checkpoint.AtomicCheckpointIO"}],
+    "default_root_dir": DEFAULT_ROOT_DIR,
+}
+HELP_EPILOG = (
+    "Callbacks' options: --trainer.callbacks.help RolloutCallback (or any callback's class name). "
+    "Lightning's gradient_clip_val, accumulate_grad_batches, precision, --optimizer and --lr_scheduler do not apply "
+    "(GRPOModule optimises manually): use model.grad_clip, model.mini_batches, model.param_dtype, model.lr and "
+    "model.lr_schedule."
+)
+# Argparse's usage would list all ~90 options before every parse error; `--help` lists them with their documentation.
+SUBCOMMAND_PARSER_KWARGS = {"usage": "%(prog)s [-c CONFIG] [--print_config] [--KEY VALUE ...]", "epilog": HELP_EPILOG}
 
 
 class AgentRLCLI(LightningCLI):
-    """LightningCLI that checks a GPU run's memory plan before ``fit`` loads anything, and afterwards prints where
-    the metrics went and how the reward moved."""
+    """LightningCLI with the subcommands GRPOModule supports, Lightning options that do not apply to it refused, a
+    step progress bar, a memory plan before a GPU ``fit``, and a summary of the reward after it."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # GRPOModule has no test_step or predict_step: Lightning's `test` and `predict` would crash.
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name in ("fit", "validate")}
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.link_arguments("model.model_path", "data.tokenizer_path")
         parser.add_argument(
             "--skip_memory_plan", type=bool, default=False, help="start a GPU run even if `lit-agentrl plan` refuses it"
         )
+        parser.add_argument(
+            "--trajectory_log",
+            type=bool,
+            default=True,
+            help="log a sample of each step's trajectories (TrajectoryLog with its defaults; `lit-agentrl view` shows "
+            "them) unless trainer.callbacks has a TrajectoryLog of its own",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        refuse_manual_optimization_options(self.config[self.subcommand] if self.subcommand else self.config)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The configured trainer, plus the reward history for the summary, unless the config has its own or turns
+        them off the step progress bar and the trajectory log (not in the saved config: the CLI adds them on every
+        run)."""
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        callbacks = _as_list(kwargs.pop("callbacks", trainer_config.get("callbacks")))
+        self.reward_history = RewardHistory()
+        callbacks.append(self.reward_history)
+        if _wants_default_progress_bar(trainer_config, callbacks):
+            callbacks.append(StepProgressBar())
+        settings = self.config[self.subcommand] if self.subcommand else self.config
+        if settings.get("trajectory_log", True) and not any(isinstance(c, TrajectoryLog) for c in callbacks):
+            callbacks.append(TrajectoryLog())
+        return super().instantiate_trainer(callbacks=callbacks, **kwargs)
 
     def before_fit(self) -> None:
         """Refuse a GPU run that cannot fit (``lit_agentrl.plan``) before any weight is loaded."""
@@ -59,12 +115,121 @@ class AgentRLCLI(LightningCLI):
         if not self.trainer.is_global_zero:
             return
         for logger in self.trainer.loggers:
-            if isinstance(logger, CSVLogger):
-                path = Path(logger.log_dir) / "metrics.csv"
-                print(f"metrics: {path}")
-                summary = reward_summary(path)
-                if summary:
-                    print(summary)
+            where = logger_location(logger)
+            if where:
+                print(where)
+        summary = reward_summary(self.reward_history.rewards)
+        if summary:
+            print(summary)
+
+
+class RewardHistory(Callback):
+    """``rollout/reward_mean`` of every training step, whatever the logger (or none): the end-of-run summary's."""
+
+    def __init__(self) -> None:
+        self.rewards: list[float] = []
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        value = trainer.callback_metrics.get(REWARD_KEY)
+        if value is not None:
+            self.rewards.append(float(value))
+
+
+# ---------------------------------------------------------------------------------------------- refused options
+
+# (key, applies when, why it does not, what to use instead)
+_REFUSED: list[tuple[str, Any, str, str]] = [
+    (
+        "trainer.gradient_clip_val",
+        lambda v: v is not None,
+        "GRPOModule clips its own gradients (Lightning does not clip under manual optimisation)",
+        "model.grad_clip (the max gradient norm; null: no clipping)",
+    ),
+    (
+        "trainer.gradient_clip_algorithm",
+        lambda v: v is not None,
+        "GRPOModule clips its own gradients, by norm",
+        "model.grad_clip",
+    ),
+    (
+        "trainer.accumulate_grad_batches",
+        lambda v: v not in (None, 1),
+        "a step's rollout is one batch, already accumulated over micro-batches",
+        "model.micro_batch_tokens (memory per forward/backward), data.prompts_per_step (samples per step) or "
+        "model.mini_batches (optimizer steps per step)",
+    ),
+    (
+        "trainer.precision",
+        lambda v: v not in (None, 32, "32", "32-true"),
+        "GRPOModule sets its own precision",
+        "model.param_dtype: bfloat16 (FSDP2 mixed precision: trainer.strategy ModelParallelStrategy, "
+        "data_parallel_size: 1 on one device) or float32",
+    ),
+    (
+        "optimizer",
+        lambda v: v is not None,
+        "GRPOModule builds its own AdamW",
+        "model.lr, model.weight_decay, model.betas",
+    ),
+    (
+        "lr_scheduler",
+        lambda v: v is not None,
+        "GRPOModule builds its own schedule",
+        "model.lr_schedule (constant or cosine) and model.warmup_steps",
+    ),
+]
+
+
+def refuse_manual_optimization_options(settings: Any) -> None:
+    """Raise :class:`UserInputError` for a Lightning option that GRPOModule's manual optimisation ignores or breaks,
+    naming the option to use instead."""
+    for key, applies, why, instead in _REFUSED:
+        value = settings.get(key)
+        if applies(value):
+            shown = value.get("class_path", value) if hasattr(value, "get") else value
+            raise UserInputError(f"{key}={shown!r} does not apply: {why}", hint=f"use {instead}")
+
+
+# ---------------------------------------------------------------------------------------------- after the run
+
+
+def logger_location(logger: Logger) -> str | None:
+    """Where a logger put the run: the metrics file of a CSVLogger, the run folder (or page) of wandb, else its
+    log folder."""
+    if isinstance(logger, CSVLogger):
+        return f"metrics: {Path(logger.log_dir) / 'metrics.csv'}"
+    if isinstance(logger, WandbLogger):
+        run = logger.experiment
+        url = getattr(run, "url", None)
+        return f"wandb: {url}" if url else f"wandb: {Path(run.dir).parent}"
+    log_dir = getattr(logger, "log_dir", None)
+    return f"logs: {log_dir}" if log_dir else None
+
+
+def reward_summary(rewards: list[float]) -> str | None:
+    """``rollout/reward_mean`` over the first and the last fifth of the steps (None under 5 steps)."""
+    if len(rewards) < 5:
+        return None
+    fifth = len(rewards) // 5
+    first, last = statistics.fmean(rewards[:fifth]), statistics.fmean(rewards[-fifth:])
+    return f"{REWARD_KEY}: first fifth {first:.3f} -> last fifth {last:.3f} ({last - first:+.3f}) over {len(rewards)} steps"
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _as_list(callbacks: Any) -> list[Callback]:
+    if callbacks is None:
+        return []
+    return list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+
+
+def _wants_default_progress_bar(trainer_config: Any, callbacks: list[Callback]) -> bool:
+    """As Lightning adds its own bar: when the progress bar is on and the config names none."""
+    off = trainer_config.get("enable_progress_bar") is False or trainer_config.get("barebones")
+    return not off and not any(isinstance(c, ProgressBar) for c in callbacks)
 
 
 def _plans_gpu_memory(settings: Any) -> bool:
@@ -75,39 +240,65 @@ def _plans_gpu_memory(settings: Any) -> bool:
     return torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
 
 
-def reward_summary(path: Path) -> str | None:
-    """``rollout/reward_mean`` over the first and the last fifth of the logged steps."""
-    if not path.is_file():
-        return None
-    with open(path) as f:
-        rewards = [float(row[REWARD_KEY]) for row in csv.DictReader(f) if row.get(REWARD_KEY)]
-    if len(rewards) < 5:
-        return None
-    fifth = len(rewards) // 5
-    first, last = statistics.fmean(rewards[:fifth]), statistics.fmean(rewards[-fifth:])
-    return f"{REWARD_KEY}: first fifth {first:.3f} -> last fifth {last:.3f} ({last - first:+.3f}) over {len(rewards)} steps"
+def build_cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> AgentRLCLI:
+    """The CLI as ``lit-agentrl`` builds it (tests build it with ``run=False``)."""
+    return AgentRLCLI(
+        GRPOModule,
+        AgentPromptDataModule,
+        trainer_defaults={**TRAINER_DEFAULTS, **kwargs.pop("trainer_defaults", {})},
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"prog": "lit-agentrl", **{name: SUBCOMMAND_PARSER_KWARGS for name in AgentRLCLI.subcommands()}},
+        args=args,
+        run=run,
+        **kwargs,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def find_user_error(exc: BaseException) -> UserInputError | None:
+    """The :class:`UserInputError` behind ``exc``: itself, one it was raised from (or while handling), or one a
+    spawned process raised (torch.multiprocessing passes it on as the text of its traceback)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, UserInputError):
+            return current
+        seen.add(id(current))
+        if type(current).__name__ == "ProcessRaisedException":
+            match = re.search(r"UserInputError: (.*)\Z", str(current).rstrip(), re.DOTALL)
+            return UserInputError(match.group(1)) if match else None
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _print_user_error(error: UserInputError) -> None:
+    print(f"lit-agentrl: error: {error.message}", file=sys.stderr)
+    if error.hint:
+        print(f"hint: {error.hint}", file=sys.stderr)
+    print(f"({TRACEBACK_ENV}=1 shows the traceback)", file=sys.stderr)
 
 
 def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = sys.argv[1:] if args is None else args
-    if argv[:1] == ["plan"]:  # memory estimate from the config alone, before LightningCLI (see lit_agentrl.plan)
-        from lit_agentrl.plan import plan_main
+    try:
+        if argv[:1] == ["plan"]:  # memory estimate from the config alone, before LightningCLI (see lit_agentrl.plan)
+            from lit_agentrl.plan import plan_main
 
-        raise SystemExit(plan_main(argv[1:]))
-    AgentRLCLI(
-        GRPOModule,
-        AgentPromptDataModule,
-        # The data module splits prompts across ranks itself; checkpoint files are written atomically; whatever a
-        # run writes without a folder of its own (logs, checkpoints, the saved config) goes under outputs/.
-        trainer_defaults={
-            "use_distributed_sampler": False,
-            "plugins": [AtomicCheckpointIO()],
-            "default_root_dir": DEFAULT_ROOT_DIR,
-        },
-        save_config_kwargs={"overwrite": True},
-        args=args,
-    )
+            raise SystemExit(plan_main(argv[1:]))
+        if argv[:1] == ["view"]:  # a run's trajectory log as one HTML page (see lit_agentrl.viewer)
+            from lit_agentrl.viewer.cli import view_main
+
+            raise SystemExit(view_main(argv[1:]))
+        build_cli(args)
+    except Exception as exc:
+        error = find_user_error(exc)
+        if error is None or os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            raise
+        _print_user_error(error)
+        raise SystemExit(EXIT_USER_ERROR) from None
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from lit_agentrl.batching import (
     prepare_samples,
     split_mini_batches,
 )
+from lit_agentrl.errors import UserInputError
 from lit_agentrl.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
 from lit_agentrl.logprobs import check_chunked_head, model_token_logprobs, relative_difference
 from lit_agentrl.losses import LossScale, TokenLogProbs
@@ -72,7 +73,7 @@ class UpdateSettings:
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise UserInputError(message)
 
 
 class GRPOModule(L.LightningModule):
@@ -173,7 +174,7 @@ class GRPOModule(L.LightningModule):
             return
         copies = 2 if self.objective.needs_reference else 1
         if self.device_mesh is None and self.update.param_dtype != "float32":
-            raise ValueError(
+            raise UserInputError(
                 f"model.param_dtype={self.update.param_dtype} is FSDP2's mixed precision, and this run has no device "
                 "mesh: set trainer.strategy to lightning.pytorch.strategies.ModelParallelStrategy (data_parallel_size: "
                 "1 for one device) or model.param_dtype: float32"
@@ -453,7 +454,7 @@ def check_packing_support(model: torch.nn.Module, tolerance: float = 1e-3) -> No
             model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0] for ids in (first, second)
         ]
     if relative_difference(packed, torch.cat(alone)) > tolerance:
-        raise ValueError(
+        raise UserInputError(
             f"{type(model).__name__} lets packed sequences attend to each other (it ignores restarting position ids); "
             "set model.sequence_packing: false"
         )
@@ -464,7 +465,7 @@ def _check_mesh(mesh: DeviceMesh) -> None:
     names = mesh.mesh_dim_names or ()
     tensor_parallel = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
     if tensor_parallel > 1:
-        raise ValueError(
+        raise UserInputError(
             f"trainer.strategy.tensor_parallel_size={tensor_parallel} is not supported: GRPOModule shards the policy "
             "over data parallelism only (FSDP2). Set tensor_parallel_size: 1 and data_parallel_size to the number "
             "of processes."

@@ -1,4 +1,5 @@
-"""Every YAML shipped in configs/ parses: run configs through LightningCLI, agent configs as agent cfgs."""
+"""Every YAML shipped in configs/ parses: run configs through the CLI, agent configs as agent cfgs (tests/cli: the
+CLI's own behaviour, and --print_config round trips of these configs)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 from support import REPO_ROOT
 
 from lit_agentrl.agents import load_agent_cfg
-from lit_agentrl.cli import AgentRLCLI
+from lit_agentrl.callbacks import StepProgressBar
+from lit_agentrl.checkpoint import AtomicCheckpointIO
+from lit_agentrl.cli import build_cli
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.module import GRPOModule
 
@@ -26,16 +29,12 @@ def test_run_config_parses_and_instantiates(path: Path, monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.chdir(tmp_path)  # loggers may create folders
-    cli = AgentRLCLI(
-        GRPOModule,
-        AgentPromptDataModule,
-        run=False,
-        args=["--config", str(path), "--trainer.accelerator", "cpu", "--trainer.devices", "1"],
-        trainer_defaults={"use_distributed_sampler": False},
-    )
+    cli = build_cli(["--config", str(path), "--trainer.accelerator", "cpu", "--trainer.devices", "1"], run=False)
     assert cli.datamodule.tokenizer_path == cli.model.hparams.model_path  # linked by the CLI
     assert isinstance(cli.model, GRPOModule) and isinstance(cli.datamodule, AgentPromptDataModule)
     assert any(type(c).__name__ == "RolloutCallback" for c in cli.trainer.callbacks)
+    assert any(isinstance(c, StepProgressBar) for c in cli.trainer.callbacks)  # the CLI's default progress bar
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     first_line = path.read_text().splitlines()[0]
     assert first_line.startswith("#"), "every config opens with a comment giving its launch command"
     assert "lit-agentrl fit --config configs/" + path.name in path.read_text()

@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from lit_agentrl.errors import UserInputError
+
 
 @dataclass(frozen=True)
 class EnginePlacement:
@@ -47,7 +49,7 @@ class EnginePlacement:
 
     def __post_init__(self) -> None:
         if self.tp_size < 1:
-            raise ValueError(f"engine_kwargs.tp_size must be >= 1, got {self.tp_size}")
+            raise UserInputError(f"engine_kwargs.tp_size must be >= 1, got {self.tp_size}")
         if self.local_world_size < 1 or self.world_size < self.local_world_size:
             raise ValueError(
                 f"engine placement: {self.local_world_size} ranks per node and {self.world_size} ranks in all "
@@ -60,7 +62,7 @@ class EnginePlacement:
                 "right for this launch?)"
             )
         if self.local_world_size > 1 and self.local_world_size % self.tp_size:
-            raise ValueError(
+            raise UserInputError(
                 f"engine_kwargs.tp_size={self.tp_size} does not divide the {self.local_world_size} ranks per node: "
                 f"each engine takes tp_size consecutive GPUs of a node, shared by their ranks; use a tp_size that "
                 f"divides {self.local_world_size}"

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.placement import EnginePlacement
+from lit_agentrl.errors import UserInputError
 
 log = logging.getLogger(__name__)
 _REGISTRY: dict[str, type[RolloutEngine]] = {}
@@ -74,7 +75,7 @@ def get_engine_class(name: str) -> type[RolloutEngine]:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(
+        raise UserInputError(
             f"unknown rollout engine {name!r}; registered engines: {registered_engines()}. To add one, subclass "
             f"lit_agentrl.engines.RolloutEngine, decorate it with @register_engine({name!r}) and list its module "
             "in RolloutCallback.engine_modules."

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from lit_agentrl.errors import UserInputError
+
 MAX_STOP_COUNT = 32  # SGLang's limit on stop strings (sampling/sampling_params.py 44, checked at 339)
 
 
@@ -70,7 +72,7 @@ class SamplingParams:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(params) - known)
         if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys are {sorted(known)}")
+            raise UserInputError(f"{where}: unknown key(s) {unknown}; valid keys are {sorted(known)}")
         if "stop_token_ids" in params:
             params["stop_token_ids"] = tuple(int(t) for t in (params["stop_token_ids"] or ()))
         if "stop" in params:
@@ -96,7 +98,7 @@ class SamplingParams:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(f"{where}: {message}; got {self}")
+                raise UserInputError(f"{where}: {message}; got {self}")
 
     @property
     def penalised(self) -> bool:
@@ -118,7 +120,7 @@ class SamplingParams:
         (``sampling/sampling_params.py`` 453-457), so such an engine calls this before any request is sent.
         """
         if self.stop:
-            raise ValueError(
+            raise UserInputError(
                 f"{where}.stop={list(self.stop)!r}: engine {engine!r} runs SGLang with skip_tokenizer_init=True, "
                 "where SGLang has no tokenizer to decode the output and refuses stop strings; use stop_token_ids, "
                 "or the transformers engine"
@@ -131,9 +133,11 @@ def _stop_strings(stop: Any, where: str) -> tuple[str, ...]:
         return ()
     strings = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, Sequence) else None
     if strings is None or not all(isinstance(s, str) for s in strings):
-        raise ValueError(f"{where}: stop must be a string or a list of strings; got {stop!r}")
+        raise UserInputError(f"{where}: stop must be a string or a list of strings; got {stop!r}")
     if len(strings) > MAX_STOP_COUNT:
-        raise ValueError(f"{where}: stop takes at most {MAX_STOP_COUNT} strings (SGLang's limit); got {len(strings)}")
+        raise UserInputError(
+            f"{where}: stop takes at most {MAX_STOP_COUNT} strings (SGLang's limit); got {len(strings)}"
+        )
     return strings
 
 

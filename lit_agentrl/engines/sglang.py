@@ -21,6 +21,7 @@ from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.sampling import SamplingParams
+from lit_agentrl.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,7 @@ class SGLangHTTPEngine(_SGLangBase):
         """
         urls = kwargs.pop("urls", None)
         if not urls:
-            raise ValueError("engine 'sglang_http' needs engine_kwargs.urls: a list of SGLang server URLs")
+            raise UserInputError("engine 'sglang_http' needs engine_kwargs.urls: a list of SGLang server URLs")
         owner = placement is None or placement.global_rank == 0
         return [cls(url, model_path, owner=owner, **kwargs) for url in urls]
 
@@ -293,7 +294,7 @@ class SGLangHTTPEngine(_SGLangBase):
         import httpx
 
         if transport not in ("inline", "ipc"):
-            raise ValueError(f"engine_kwargs.transport must be 'inline' or 'ipc', got {transport!r}")
+            raise UserInputError(f"engine_kwargs.transport must be 'inline' or 'ipc', got {transport!r}")
         self.url = url.rstrip("/")
         self._shapes = expected_weight_shapes(model_path)
         self.tp_size, self.owner, self.transport, self._server = tp_size, owner, transport, server

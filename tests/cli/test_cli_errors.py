@@ -1,0 +1,70 @@
+"""A configuration or data error (UserInputError) is one message, not a traceback; LIT_AGENTRL_TRACEBACK=1 shows it."""
+
+from __future__ import annotations
+
+import pytest
+from support import REPO_ROOT
+
+from lit_agentrl.cli import EXIT_USER_ERROR, find_user_error, main
+from lit_agentrl.errors import UserInputError
+
+QUICKSTART = str(REPO_ROOT / "configs" / "quickstart.yaml")
+BAD_LR = ["fit", "--config", QUICKSTART, "--model.lr", "0"]  # refused when GRPOModule is built
+
+
+def test_a_user_input_error_prints_one_message(capsys, monkeypatch):
+    monkeypatch.delenv("LIT_AGENTRL_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(BAD_LR)
+    assert exit_info.value.code == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == "lit-agentrl: error: model.lr must be > 0, got 0.0"
+    assert "Traceback" not in err and len(err.splitlines()) <= 3
+    assert "LIT_AGENTRL_TRACEBACK=1" in err
+
+
+def test_the_traceback_is_one_variable_away(monkeypatch):
+    monkeypatch.setenv("LIT_AGENTRL_TRACEBACK", "1")
+    with pytest.raises(UserInputError, match=r"model\.lr must be > 0"):
+        main(BAD_LR)
+
+
+def test_the_hint_is_printed(capsys, monkeypatch):
+    monkeypatch.delenv("LIT_AGENTRL_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", QUICKSTART, "--trainer.gradient_clip_val", "1"])
+    assert capsys.readouterr().err.splitlines()[1].startswith("hint: use model.grad_clip")
+
+
+def test_wrapped_user_errors_are_found():
+    try:
+        try:
+            raise UserInputError("data.train_files: no such file", hint="check the path")
+        except UserInputError as inner:
+            raise RuntimeError("a hook failed") from inner
+    except RuntimeError as outer:
+        found = find_user_error(outer)
+    assert found is not None and found.message == "data.train_files: no such file" and found.hint == "check the path"
+    assert find_user_error(RuntimeError("a bug")) is None
+
+
+def test_a_user_error_of_a_spawned_process_is_found():
+    """torch.multiprocessing passes a child's exception on as the text of its traceback."""
+    from torch.multiprocessing import ProcessRaisedException
+
+    text = (
+        "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\nlit_agentrl.errors.UserInputError: model.lr must be > 0, got 0.0\n'
+    )
+    found = find_user_error(ProcessRaisedException(text, 1, 1234))
+    assert found is not None and found.message == "model.lr must be > 0, got 0.0"
+    assert find_user_error(ProcessRaisedException("ValueError: a bug", 1, 1234)) is None
+
+
+def test_a_parse_error_is_short(capsys):
+    """jsonargparse's error, after a one-line usage (not the ~90 options: `fit --help` lists them)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", QUICKSTART, "--model.lr", "abc"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert 'Parser key "model.lr"' in err and len(err.splitlines()) <= 6, err
