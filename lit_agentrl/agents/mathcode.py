@@ -11,6 +11,10 @@ of :class:`~lit_agentrl.tools.sandbox.SandboxLimits` fields), ``cfg.sandbox_site
 ``cfg.sandbox_python``; or in any :class:`~lit_agentrl.tools.sandbox.CodeRunner` (a remote sandbox
 service's client), given as ``code_runner=`` or as ``cfg.code_runner: "package.module:factory"`` (called
 with no arguments).
+
+A :class:`~lit_agentrl.tools.sandbox.PythonSandbox` on a machine whose kernel gives it no file-system boundary
+of its own (not root and no user namespaces: ``isolation["filesystem"] == "audit hook only"``) is refused
+unless the agent YAML sets ``allow_weak_sandbox: true``.
 """
 
 from __future__ import annotations
@@ -27,9 +31,13 @@ from langchain_core.tools import tool
 from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.registry import register
 from lit_agentrl.agents.tool_loop import ToolLoopAgentGraph, error_message
+from lit_agentrl.errors import UserInputError
 from lit_agentrl.tools.sandbox import CodeRunner, PythonSandbox, SandboxResult, limits_from_mapping
 
 _default_runner: PythonSandbox | None = None
+
+WEAK_SANDBOX_KEY = "allow_weak_sandbox"
+"""The agent YAML key that accepts a sandbox whose only file-system boundary is the audit hook."""
 
 
 @tool
@@ -68,6 +76,7 @@ class MathCodeAgentGraph(ToolLoopAgentGraph):
         self.code_runner: CodeRunner = code_runner or _runner_from_cfg(cfg)
         if not callable(getattr(self.code_runner, "arun", None)):
             raise TypeError(f"code_runner must have `async def arun(code) -> SandboxResult`, got {self.code_runner!r}")
+        _refuse_weak_sandbox(self.code_runner, cfg)
 
     async def run_tool(self, call: Mapping[str, Any], config: RunnableConfig) -> ToolMessage:
         code = call["args"].get("code") if isinstance(call["args"], dict) else None
@@ -93,4 +102,19 @@ def _runner_from_cfg(cfg: Any) -> CodeRunner:
         limits_from_mapping(cfg_get(cfg, "sandbox", None)),
         python=str(cfg_get(cfg, "sandbox_python", sys.executable)),
         site_packages=bool(cfg_get(cfg, "sandbox_site_packages", False)),
+    )
+
+
+def _refuse_weak_sandbox(runner: CodeRunner, cfg: Any) -> None:
+    """A local sandbox without a kernel-enforced file-system boundary only with ``allow_weak_sandbox: true``."""
+    if not isinstance(runner, PythonSandbox) or runner.filesystem_isolated:
+        return
+    if cfg_get(cfg, WEAK_SANDBOX_KEY, False) is True:
+        return
+    raise UserInputError(
+        "mathcode_agent: on this machine the code sandbox has no kernel-enforced file-system boundary (no mount "
+        f"namespace: not root and no unprivileged user namespaces; isolation: {runner.isolation}), so only its "
+        "audit hook would keep model-written code from the machine's files, and determined code gets past it",
+        hint=f"set `{WEAK_SANDBOX_KEY}: true` in the agent YAML to accept that, run as root or where user "
+        "namespaces are enabled, or plug in a remote `code_runner` (see the README, 'The code sandbox')",
     )

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from support import REPO_ROOT, tool_call_text
 from test_token_exact_trajectories import RecordingScripted, assert_token_invariants
 
-from lit_agentrl.agents import load_agent_cfg
+from lit_agentrl.agents import load_agent_cfg, mathcode
 from lit_agentrl.agents.mathcode import MathCodeAgentGraph
 from lit_agentrl.agents.registry import get_agent_class
+from lit_agentrl.errors import UserInputError
 from lit_agentrl.rewards import get_reward_fn
 from lit_agentrl.rows import agent_run_kwargs
-from lit_agentrl.tools.sandbox import SandboxResult
+from lit_agentrl.tools.sandbox import PythonSandbox, SandboxResult
 
 MATH_CODE_CFG = REPO_ROOT / "configs" / "agents" / "math_code.yaml"
 SAMPLING = {"max_new_tokens": 256, "temperature": 1.0}
@@ -116,3 +118,26 @@ def test_a_remote_runner_plugs_in(scripted_engine_factory, tokenizer, tmp_path):
     cfg.write_text('code_runner: "test_mathcode_agent:make_fake_runner"\n')
     output = run_agent(RecordingScripted(scripted_engine_factory(list(replies))), tokenizer, cfg)
     assert "remote says 42" in output.str_output
+
+
+class HookOnlySandbox(PythonSandbox):
+    """A machine without mount namespaces, simulated: a real sandbox told not to build the run's own root."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, isolate_filesystem=False, **kwargs)
+
+
+def test_a_sandbox_without_a_file_system_layer_needs_the_opt_in(
+    scripted_engine_factory, tokenizer, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(mathcode, "PythonSandbox", HookOnlySandbox)
+    engine = RecordingScripted(
+        scripted_engine_factory([tool_call_text("python_exec", {"code": "print(6*7)"}), "\\boxed{42}"])
+    )
+    with pytest.raises(UserInputError, match="allow_weak_sandbox: true") as refused:
+        run_agent(engine, tokenizer, fast_cfg(tmp_path))
+    assert "audit hook" in str(refused.value)
+    opted_in = tmp_path / "weak_ok.yaml"
+    opted_in.write_text(fast_cfg(tmp_path).read_text() + "allow_weak_sandbox: true\n")
+    output = run_agent(engine, tokenizer, opted_in)
+    assert "<tool_response>\n42\n</tool_response>" in output.str_output

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from lit_agentrl.tools.sandbox import SandboxLimits, SandboxResult, guard, limits_from_mapping, runner, stage1, stage2
+from lit_agentrl.tools.sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    guard,
+    limits_from_mapping,
+    rootfs,
+    runner,
+    stage1,
+    stage2,
+)
 from lit_agentrl.tools.sandbox.processes import UID_SPAN, uid_base
 from lit_agentrl.tools.sandbox.results import OutputCapture, failure, result_from_exit
 
@@ -92,7 +101,7 @@ def test_uid_base_prefers_2e9_and_needs_a_big_enough_map(tmp_path):
 
 # ---------------------------------------------------------------------------- the child's code, as text
 
-CHILD_MODULES = [stage1, stage2, guard]
+CHILD_MODULES = [stage1, rootfs, stage2, guard]
 
 
 @pytest.mark.parametrize("module", CHILD_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
@@ -122,7 +131,8 @@ def test_the_runner_sends_exactly_these_files():
     assert Path(stage1.__file__).read_text(encoding="utf-8") == runner.STAGE1_SOURCE
     assert Path(stage2.__file__).read_text(encoding="utf-8") == runner.STAGE2_SOURCE
     assert Path(guard.__file__).read_text(encoding="utf-8") == runner.GUARD_SOURCE
-    assert stage2.MARKER in runner.LAUNCH
+    assert Path(rootfs.__file__).read_text(encoding="utf-8") == runner.ROOTFS_SOURCE
+    assert stage2.MARKER in runner.LAUNCH and guard.SANDBOX_FILE == stage2.MARKER
 
 
 def test_load_guard_keeps_the_guard_out_of_stage_2s_globals():
@@ -320,7 +330,7 @@ def test_the_hook_with_forks_and_ctypes_allowed(layout):
 
 
 def test_rebinding_the_guards_module_names_afterwards_changes_nothing(layout, monkeypatch):
-    """The hook holds its own tables and closures: what the model's code could rebind is not used."""
+    """The hook holds its own tables and functions: what the model's code could rebind is not used."""
     hook = _hook(*layout[:2])
     monkeypatch.setattr(guard, "HOT_EVENTS", frozenset(("os.kill", "socket.connect")))
     monkeypatch.delitem(guard.REFUSED_EVENTS, "os.kill")  # mutated in place: the hook has a copy
@@ -330,3 +340,82 @@ def test_rebinding_the_guards_module_names_afterwards_changes_nothing(layout, mo
         hook("os.kill", (1, 9))
     with pytest.raises(PermissionError, match="network access"):
         hook("socket.connect", (None, ("127.0.0.1", 9)))
+
+
+def _guard_functions(hook) -> list:
+    """Every function the hook reaches: through defaults, and the handlers' read-only mapping."""
+    import types
+
+    seen, todo = {}, [hook]
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen:
+            continue
+        seen[id(fn)] = fn
+        for value in fn.__defaults__ or ():
+            owner = getattr(value, "__self__", None)
+            table = list(owner.values()) if isinstance(owner, types.MappingProxyType) else []
+            todo += [v for v in (value, *table) if isinstance(v, types.FunctionType)]
+    return list(seen.values())
+
+
+def test_nothing_the_hook_uses_can_be_changed(layout):
+    """No closure cells (rebindable, unaudited), no global names read at event time, no mutable tables."""
+    import dis
+    import types
+
+    functions = _guard_functions(_hook(*layout[:2], allow_ctypes=True))
+    assert len(functions) > 15
+    for fn in functions:
+        assert fn.__closure__ is None and not fn.__kwdefaults__, fn.__name__
+        loads = {i.opname for i in dis.get_instructions(fn)}
+        assert not loads & {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLOSURE", "STORE_GLOBAL"}, fn.__name__
+        for value in fn.__defaults__ or ():
+            assert not isinstance(value, (dict, list, set)), (fn.__name__, value)
+            assert not isinstance(getattr(value, "__self__", None), (dict, list, set)), (fn.__name__, value)
+    assert any(isinstance(getattr(v, "__self__", None), types.MappingProxyType) for v in functions[0].__defaults__)
+
+
+def test_the_hook_refuses_changing_its_own_functions(layout):
+    hook = _hook(*layout[:2])
+    own = _guard_functions(hook)[1]
+    for name in ("__code__", "__defaults__", "__kwdefaults__"):
+        with pytest.raises(PermissionError, match="changing the sandbox's own functions"):
+            hook("object.__setattr__", (own, name, None))
+    with pytest.raises(PermissionError, match="changing the sandbox's own functions"):
+        hook("object.__delattr__", (own, "__defaults__"))
+    hook("object.__setattr__", (lambda: None, "__code__", None))  # the code's own functions: its business
+    hook("object.__setattr__", (own, "__doc__", None))
+
+
+def test_relative_paths_may_not_climb_and_descriptors_are_followed(layout):
+    work, lib, elsewhere = layout
+    hook = _hook(work, lib)
+    (work / "sub").mkdir()
+    hook("open", ("sub/../main.py", "r", 0))
+    with pytest.raises(PermissionError, match="climbs out of its directory"):
+        hook("open", ("../work/main.py", "r", 0))  # resolves inside, but under dir_fd= it could be anywhere
+    fd = os.open(elsewhere, os.O_RDONLY)
+    try:
+        with pytest.raises(PermissionError, match="outside the working directory"):
+            hook("os.listdir", (fd,))
+    finally:
+        os.close(fd)
+    fd = os.open(work, os.O_RDONLY)
+    try:
+        hook("os.listdir", (fd,))
+    finally:
+        os.close(fd)
+
+
+def test_elf_interpreter_and_mirror(tmp_path):
+    loader = rootfs.elf_interpreter(os.path.realpath(sys.executable))  # None: a static or non-ELF interpreter
+    assert loader is None or (loader.startswith("/") and os.path.exists(loader))
+    assert rootfs.elf_interpreter(__file__) is None
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "f").write_text("")
+    os.symlink("real", tmp_path / "link")
+    new = tmp_path / "new"
+    new.mkdir()
+    assert rootfs.mirror(str(tmp_path / "link" / "f"), str(new)) == str(tmp_path / "real" / "f")
+    assert os.readlink(str(new) + str(tmp_path / "link")) == "real"

@@ -19,9 +19,10 @@ What the isolation protects against, layer by layer, and what it does not: READM
 * :mod:`.results`: :class:`SandboxResult`, :class:`CodeRunner`, output capture, exit status to result;
 * :mod:`.runner`: :class:`PythonSandbox` (probing, preparing, launching, waiting, killing);
 * :mod:`.processes`: the host side (per-run uid, killing leftovers, deleting the run's folder);
-* :mod:`.stage1`, :mod:`.stage2`, :mod:`.guard`: the child's code, which the child gets as text (it cannot
-  import the project): stage 1 sets limits, enters a network namespace, drops privileges and ``exec``\\ s
-  stage 2, which installs the guard (the audit hook) and runs the code.
+* :mod:`.stage1`, :mod:`.rootfs`, :mod:`.stage2`, :mod:`.guard`: the child's code, which the child gets as
+  text (it cannot import the project): stage 1 sets limits, enters network, mount and PID namespaces, builds
+  the run's own minimal root (:mod:`.rootfs`: the kernel-enforced file-system boundary), drops privileges and
+  ``exec``\\ s stage 2, which installs the guard (the audit hook, the second layer) and runs the code.
 """
 
 from lit_agentrl.tools.sandbox.limits import SandboxLimits, limits_from_mapping

@@ -5,15 +5,16 @@ and passes it to the child after stage 2's, and stage 2 compiles it into a names
 :func:`install_guard`. Hence: the standard library only, ASCII only, nothing done at import but
 definitions (tests call the factories below without installing anything).
 
-How the guard resists tampering. The model's code can rebind the globals of any module it reaches, and can
-replace the code of any function object it reaches (``f.__code__ = ...`` is not refused). So the hook uses
-no module-level name when an event comes: the ``make_*`` factories below run once, before the model's code
-exists, and return fresh closures over their locals: the interpreter's primitives (``posix.lstat``,
-``isinstance``, ...), the event tables (copied where they are mutable) and each other. The hook reaches
-them through its closure cells only, and ``sys.addaudithook`` hooks can be neither removed nor listed, so
-rebinding names afterwards changes nothing. That is why the guard is a set of factories and not of
-module-level functions. It does not make the hook a security boundary (see the README's sandbox section):
-for one, the frames of a refused call, the hook's among them, stay reachable from its exception's traceback.
+How the guard resists tampering. The model's code can reach the hook's frames (a refusal's traceback,
+``sys._getframe`` inside a callback such as ``__fspath__``), and from them every object the hook uses. So
+nothing the hook uses can be changed: the ``make_*`` factories run once, before the model's code exists,
+and return functions without closures (a closure's cells can be rebound, unaudited) whose state is in
+their positional defaults: the interpreter's primitives (``posix.lstat``, ``isinstance``, ...), frozensets,
+tuples, read-only mapping proxies and each other. They read no global name (a test checks their bytecode),
+so rebinding the guard's module names changes nothing. Replacing a function's ``__code__`` or defaults is
+audited, and the hook refuses it for the sandbox's own functions; ``sys.addaudithook`` hooks can be neither
+removed nor listed. What stays possible is reading the hook's state (harmless), and the interpreter-level
+attacks the README lists: the kernel's layers are the boundary, this hook the second layer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     PathChecks = tuple[Callable[[Any], None], Callable[[Any], str | None], Callable[..., None]]
 
 HOT_EVENTS = frozenset((
-    "compile", "exec", "object.__getattr__", "object.__setattr__", "object.__delattr__", "marshal.loads",
+    "compile", "exec", "object.__getattr__", "marshal.loads",
     "marshal.load", "marshal.dumps", "sys._getframe", "code.__new__", "function.__new__", "builtins.id",
     "sys.addaudithook", "time.sleep", "os.putenv", "os.unsetenv", "os.lockf", "array.__new__", "mmap.__new__",
     "pickle.find_class", "builtins.input", "builtins.input/result", "tempfile.mkstemp", "tempfile.mkdtemp",
@@ -78,6 +79,11 @@ BLOCKED_IMPORTS = frozenset((
 ))  # fmt: skip
 """Modules whose C code reaches files or processes without audit events (ctypes too, without site-packages)."""
 
+FUNCTION_STATE = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
+"""Function attributes whose change is audited (``object.__setattr__``); refused for the sandbox's own."""
+SANDBOX_FILE = "<lit-agentrl-sandbox>"
+"""The file name the sandbox's own code is compiled under in the child (``stage2.MARKER``)."""
+
 READ_DEVICES = frozenset(("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"))
 WRITE_DEVICES = frozenset(("/dev/null",))
 CHANGE_VERBS = {"os.mkdir": "creating", "os.rmdir": "removing", "os.remove": "removing"}
@@ -86,10 +92,9 @@ CHANGE_VERBS = {"os.mkdir": "creating", "os.rmdir": "removing", "os.remove": "re
 
 def make_deny() -> Deny:
     """``deny(what)`` raises ``PermissionError("sandbox: <what> is not allowed")``."""
-    PermissionError_ = PermissionError  # bound now: see the module docstring
 
-    def deny(message: str) -> NoReturn:
-        raise PermissionError_("sandbox: " + message + " is not allowed")
+    def deny(message: str, _error: Any = PermissionError) -> NoReturn:
+        raise _error("sandbox: " + message + " is not allowed")
 
     return deny
 
@@ -100,27 +105,26 @@ def make_path_tools(deny: Deny) -> PathTools:
     import _stat
     import posix
 
-    # bound now: see the module docstring
-    lstat, readlink, getcwd, fspath = posix.lstat, posix.readlink, posix.getcwd, posix.fspath
-    S_ISLNK = _stat.S_ISLNK
-    str_, bytes_, isinstance_, type_ = str, bytes, isinstance, type
-    OSError_, ValueError_ = OSError, ValueError
-    ALL = slice(None)
-
-    def as_text(raw: Any) -> str:
+    def as_text(
+        raw: Any, _fspath: Any = posix.fspath, _str: Any = str, _bytes: Any = bytes, _isinstance: Any = isinstance,
+        _type: Any = type, _all: Any = slice(None), _deny: Deny = deny,
+    ) -> str:  # fmt: skip
         # Exact str/bytes only: a subclass could override the methods used below.
-        if not isinstance_(raw, (str_, bytes_)):
-            raw = fspath(raw)
-        if isinstance_(raw, str_):
-            return str_.__getitem__(raw, ALL) if type_(raw) is not str_ else raw
-        if isinstance_(raw, bytes_):
-            return bytes_.__getitem__(raw, ALL).decode("utf-8", "surrogateescape")
-        deny("this kind of path")
+        if not _isinstance(raw, (_str, _bytes)):
+            raw = _fspath(raw)
+        if _isinstance(raw, _str):
+            return _str.__getitem__(raw, _all) if _type(raw) is not _str else raw
+        if _isinstance(raw, _bytes):
+            return _bytes.__getitem__(raw, _all).decode("utf-8", "surrogateescape")
+        _deny("this kind of path")
 
-    def resolve(text: str) -> str:
+    def resolve(
+        text: str, _lstat: Any = posix.lstat, _readlink: Any = posix.readlink, _getcwd: Any = posix.getcwd,
+        _islink: Any = _stat.S_ISLNK, _errors: Any = (OSError, ValueError), _deny: Deny = deny,
+    ) -> str:  # fmt: skip
         """Absolute path with '.', '..' and symbolic links resolved (missing parts kept as written)."""
         if not text.startswith("/"):
-            text = getcwd() + "/" + text
+            text = _getcwd() + "/" + text
         todo = text.split("/")
         todo.reverse()
         done: list[str] = []
@@ -135,15 +139,15 @@ def make_path_tools(deny: Deny) -> PathTools:
                 continue
             candidate = "/".join(["", *done, part])
             try:
-                mode = lstat(candidate).st_mode
-            except (OSError_, ValueError_):
+                mode = _lstat(candidate).st_mode
+            except _errors:
                 done.append(part)
                 continue
-            if S_ISLNK(mode):
+            if _islink(mode):
                 hops += 1
                 if hops > 40:
-                    deny("a path with this many symbolic links")
-                target = readlink(candidate)
+                    _deny("a path with this many symbolic links")
+                target = _readlink(candidate)
                 if target.startswith("/"):
                     done = []
                 pieces = target.split("/")
@@ -166,38 +170,83 @@ def make_path_checks(work: str, roots: tuple[str, ...], deny: Deny, tools: PathT
     """``(check_dir_fd, check_read, check_write)`` for the run's directory ``work`` and the readable
     library ``roots``; each returns when the access is allowed and raises ``PermissionError`` otherwise.
     ``check_read`` returns the resolved path when it lies in ``roots`` (None when in ``work``, a device or a
-    file descriptor); ``check_write(raw, what, allow_fd=False)`` names the refused action ``what``."""
+    file descriptor); ``check_write(raw, what, allow_fd=False)`` names the refused action ``what``.
+
+    A relative path is resolved against the working directory, but ``dir_fd=`` arguments are not in the
+    audit events: so a relative path may not climb above where it starts (``../x``), and a file descriptor
+    given as a path must lead into ``work`` (its ``/proc/self/fd`` link is read)."""
+    import posix
+
     as_text, resolve, inside = tools
-    int_, isinstance_ = int, isinstance  # bound now: see the module docstring
-    work_roots = (work,)
-    read_devices, write_devices = READ_DEVICES, WRITE_DEVICES
 
-    def check_dir_fd(dir_fd: Any) -> None:
+    def climbs(text: str) -> bool:
+        depth = 0
+        for part in text.split("/"):
+            if part == "..":
+                depth -= 1
+                if depth < 0:
+                    return True
+            elif part != "" and part != ".":
+                depth += 1
+        return False
+
+    def check_dir_fd(dir_fd: Any, _deny: Deny = deny) -> None:
         if dir_fd is not None and dir_fd != -1 and dir_fd != -100:
-            deny("a path relative to a directory descriptor")
+            _deny("a path relative to a directory descriptor")
 
-    def check_read(raw: Any) -> str | None:
+    def fd_path(
+        fd: int, _readlink: Any = posix.readlink, _errors: Any = (OSError, ValueError), _str: Any = int.__repr__
+    ) -> str | None:
+        """The path a file descriptor is open on (None: a pipe, a socket, ... or no such descriptor)."""
+        try:
+            target = _readlink("/proc/self/fd/" + _str(fd))
+        except _errors:
+            return None
+        return target if target.startswith("/") else None
+
+    def checked(
+        raw: Any, _as_text: Any = as_text, _resolve: Any = resolve, _climbs: Any = climbs, _deny: Deny = deny,
+    ) -> str:  # fmt: skip
+        text = _as_text(raw)
+        if not text.startswith("/") and _climbs(text):
+            _deny(f"the relative path {text!r}, which climbs out of its directory,")
+        return _resolve(text)
+
+    def check_read(
+        raw: Any, _int: Any = int, _isinstance: Any = isinstance, _fd_path: Any = fd_path, _checked: Any = checked,
+        _inside: Any = inside, _work: Any = (work,), _roots: Any = roots, _devices: Any = READ_DEVICES,
+        _deny: Deny = deny,
+    ) -> str | None:  # fmt: skip
         """None when fine; the resolved path when it is inside the Python installation."""
-        if raw is None or isinstance_(raw, int_):
+        if raw is None:
             return None
-        path = resolve(as_text(raw))
-        if inside(path, work_roots) or path in read_devices:
+        if _isinstance(raw, _int):
+            path = _fd_path(raw)
+            if path is None:
+                return None
+        else:
+            path = _checked(raw)
+        if _inside(path, _work) or path in _devices:
             return None
-        if inside(path, roots):
+        if _inside(path, _roots):
             return path
-        deny(f"reading {path!r} (outside the working directory)")
+        _deny(f"reading {path!r} (outside the working directory)")
 
-    def check_write(raw: Any, what: str, allow_fd: bool = False) -> None:
+    def check_write(
+        raw: Any, what: str, allow_fd: bool = False, _int: Any = int, _isinstance: Any = isinstance,
+        _checked: Any = checked, _inside: Any = inside, _work: Any = (work,), _devices: Any = WRITE_DEVICES,
+        _deny: Deny = deny,
+    ) -> None:  # fmt: skip
         if raw is None:
             return
-        if isinstance_(raw, int_):
+        if _isinstance(raw, _int):
             if allow_fd:
                 return
-            deny(what + " through a file descriptor")
-        path = resolve(as_text(raw))
-        if inside(path, work_roots) or path in write_devices:
+            _deny(what + " through a file descriptor")
+        path = _checked(raw)
+        if _inside(path, _work) or path in _devices:
             return
-        deny(f"{what} {path!r} (outside the working directory)")
+        _deny(f"{what} {path!r} (outside the working directory)")
 
     return check_dir_fd, check_read, check_write
 
@@ -208,81 +257,95 @@ def make_open_handlers(deny: Deny, checks: PathChecks) -> dict[str, Handler]:
     import posix
 
     check_dir_fd, check_read, check_write = checks
-    stat_, S_ISDIR = posix.stat, _stat.S_ISDIR
-    int_, isinstance_, len_ = int, isinstance, len  # bound now: see the module docstring
-    OSError_, ValueError_ = OSError, ValueError
-    WRITE_FLAGS = posix.O_WRONLY | posix.O_RDWR | posix.O_CREAT | posix.O_TRUNC | posix.O_APPEND
 
-    def on_open(event: str, args: tuple[Any, ...]) -> None:
+    def on_open(
+        event: str, args: tuple[Any, ...], _int: Any = int, _isinstance: Any = isinstance,
+        _write_flags: Any = posix.O_WRONLY | posix.O_RDWR | posix.O_CREAT | posix.O_TRUNC | posix.O_APPEND,
+        _check_read: Any = check_read, _check_write: Any = check_write, _stat_: Any = posix.stat,
+        _isdir: Any = _stat.S_ISDIR, _errors: Any = (OSError, ValueError), _deny: Deny = deny,
+    ) -> None:  # fmt: skip
         raw, mode, flags = args[0], args[1], args[2]
-        if isinstance_(flags, int_):
-            writing = flags & WRITE_FLAGS
+        if _isinstance(flags, _int):
+            writing = flags & _write_flags
         else:
             writing = mode is not None and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)
         if writing:
-            check_write(raw, "writing to", allow_fd=True)
+            _check_write(raw, "writing to", True)
             return
-        path = check_read(raw)
+        path = _check_read(raw)
         if path is not None:
             try:
-                mode = stat_(path).st_mode
-            except (OSError_, ValueError_):
+                st_mode = _stat_(path).st_mode
+            except _errors:
                 return
-            if S_ISDIR(mode):
-                deny("opening a directory outside the working directory")
+            if _isdir(st_mode):
+                _deny("opening a directory outside the working directory")
 
-    def on_read(event: str, args: tuple[Any, ...]) -> None:
-        check_read(args[0])
+    def on_read(event: str, args: tuple[Any, ...], _check_read: Any = check_read) -> None:
+        _check_read(args[0])
 
-    def on_glob(event: str, args: tuple[Any, ...]) -> None:
-        if len_(args) > 3:
-            check_dir_fd(args[3])
+    def on_glob(event: str, args: tuple[Any, ...], _check_dir_fd: Any = check_dir_fd, _len: Any = len) -> None:
+        if _len(args) > 3:
+            _check_dir_fd(args[3])
 
     handlers: dict[str, Handler] = {"open": on_open, "glob.glob": on_glob, "glob.glob/2": on_glob}
-    for event in ("os.listdir", "os.scandir", "os.chdir", "os.getxattr", "os.listxattr", "os.walk"):
+    for event in ("os.listdir", "os.scandir", "os.chdir", "os.getxattr", "os.listxattr", "os.walk", "os.fwalk"):
         handlers[event] = on_read
     return handlers
 
 
 def make_change_handlers(deny: Deny, tools: PathTools, checks: PathChecks) -> dict[str, Handler]:
     """Creating, removing, renaming, copying and changing paths: only in the run's directory."""
+    import types
+
     as_text = tools[0]
     check_dir_fd, check_read, check_write = checks
-    str_, bytes_, isinstance_, len_ = str, bytes, isinstance, len  # bound now: see the module docstring
-    verbs = dict(CHANGE_VERBS)
 
-    def on_change(event: str, args: tuple[Any, ...]) -> None:
-        check_dir_fd(args[-1])
-        check_write(args[0], verbs.get(event, "changing"))
+    def on_change(
+        event: str, args: tuple[Any, ...], _check_dir_fd: Any = check_dir_fd, _check_write: Any = check_write,
+        _verbs: Any = types.MappingProxyType(dict(CHANGE_VERBS)),
+    ) -> None:  # fmt: skip
+        _check_dir_fd(args[-1])
+        _check_write(args[0], _verbs.get(event, "changing"))
 
-    def on_rename(event: str, args: tuple[Any, ...]) -> None:
-        check_dir_fd(args[2])
-        check_dir_fd(args[3])
-        check_write(args[0], "renaming")
-        check_write(args[1], "renaming to")
+    def on_rename(
+        event: str, args: tuple[Any, ...], _check_dir_fd: Any = check_dir_fd, _check_write: Any = check_write
+    ) -> None:
+        _check_dir_fd(args[2])
+        _check_dir_fd(args[3])
+        _check_write(args[0], "renaming")
+        _check_write(args[1], "renaming to")
 
-    def on_truncate(event: str, args: tuple[Any, ...]) -> None:
-        check_write(args[0], "truncating", allow_fd=True)
+    def on_truncate(event: str, args: tuple[Any, ...], _check_write: Any = check_write) -> None:
+        _check_write(args[0], "truncating", True)
 
-    def on_attributes(event: str, args: tuple[Any, ...]) -> None:
-        check_write(args[0], "changing")
+    def on_attributes(event: str, args: tuple[Any, ...], _check_write: Any = check_write) -> None:
+        _check_write(args[0], "changing")
 
-    def on_rmtree(event: str, args: tuple[Any, ...]) -> None:
-        if len_(args) > 1:
-            check_dir_fd(args[1])
-        check_write(args[0], "removing")
+    def on_rmtree(
+        event: str, args: tuple[Any, ...], _check_dir_fd: Any = check_dir_fd, _check_write: Any = check_write,
+        _len: Any = len,
+    ) -> None:  # fmt: skip
+        if _len(args) > 1:
+            _check_dir_fd(args[1])
+        _check_write(args[0], "removing")
 
-    def on_copy(event: str, args: tuple[Any, ...]) -> None:
-        check_read(args[0])
-        check_write(args[1], "writing to")
+    def on_copy(
+        event: str, args: tuple[Any, ...], _check_read: Any = check_read, _check_write: Any = check_write
+    ) -> None:
+        _check_read(args[0])
+        _check_write(args[1], "writing to")
 
-    def on_sqlite(event: str, args: tuple[Any, ...]) -> None:
+    def on_sqlite(
+        event: str, args: tuple[Any, ...], _text: Any = (str, bytes), _isinstance: Any = isinstance,
+        _as_text: Any = as_text, _check_write: Any = check_write, _deny: Deny = deny,
+    ) -> None:  # fmt: skip
         database = args[0]
-        if isinstance_(database, (str_, bytes_)) and as_text(database) in (":memory:", ""):
+        if _isinstance(database, _text) and _as_text(database) in (":memory:", ""):
             return
-        if isinstance_(database, (str_, bytes_)) and as_text(database).startswith("file:"):
-            deny("sqlite URIs")
-        check_write(database, "opening the database")
+        if _isinstance(database, _text) and _as_text(database).startswith("file:"):
+            _deny("sqlite URIs")
+        _check_write(database, "opening the database")
 
     handlers: dict[str, Handler] = {
         "os.rename": on_rename,
@@ -301,14 +364,14 @@ def make_change_handlers(deny: Deny, tools: PathTools, checks: PathChecks) -> di
 
 def make_import_handlers(tools: PathTools, allow_ctypes: bool) -> dict[str, Handler]:
     """Importing the modules of ``BLOCKED_IMPORTS`` (and ctypes, unless ``allow_ctypes``) raises ImportError."""
-    as_text = tools[0]
-    ImportError_ = ImportError  # bound now: see the module docstring
-    blocked = BLOCKED_IMPORTS if allow_ctypes else BLOCKED_IMPORTS | CTYPES_MODULES
 
-    def on_import(event: str, args: tuple[Any, ...]) -> None:
-        name = as_text(args[0])
-        if name in blocked or name.partition(".")[0] in blocked:
-            raise ImportError_(f"sandbox: importing {name} is not allowed", name=name)
+    def on_import(
+        event: str, args: tuple[Any, ...], _as_text: Any = tools[0], _error: Any = ImportError,
+        _blocked: Any = BLOCKED_IMPORTS if allow_ctypes else BLOCKED_IMPORTS | CTYPES_MODULES,
+    ) -> None:  # fmt: skip
+        name = _as_text(args[0])
+        if name in _blocked or name.partition(".")[0] in _blocked:
+            raise _error(f"sandbox: importing {name} is not allowed", name=name)
 
     return {"import": on_import}
 
@@ -321,14 +384,17 @@ def make_ctypes_handlers(roots: tuple[str, ...], deny: Deny, tools: PathTools) -
     def allow(event: str, args: tuple[Any, ...]) -> None:
         return None
 
-    def on_dlopen(event: str, args: tuple[Any, ...]) -> None:
+    def on_dlopen(
+        event: str, args: tuple[Any, ...], _as_text: Any = as_text, _resolve: Any = resolve, _inside: Any = inside,
+        _roots: Any = roots, _deny: Deny = deny,
+    ) -> None:  # fmt: skip
         name = args[0]
         if name is None:
             return
-        text = as_text(name)
-        if "/" not in text or inside(resolve(text), roots):
+        text = _as_text(name)
+        if "/" not in text or _inside(_resolve(text), _roots):
             return
-        deny(f"loading the library {text!r}")
+        _deny(f"loading the library {text!r}")
 
     handlers: dict[str, Handler] = dict.fromkeys(CTYPES_OK_EVENTS, allow)
     handlers["ctypes.dlopen"] = on_dlopen
@@ -338,34 +404,52 @@ def make_ctypes_handlers(roots: tuple[str, ...], deny: Deny, tools: PathTools) -
 def make_process_handlers(deny: Deny, allow_fork: bool) -> dict[str, Handler]:
     """``os.fork`` only with ``allow_fork`` (``max_processes > 0``); starting programs is refused elsewhere."""
 
-    def on_fork(event: str, args: tuple[Any, ...]) -> None:
-        if not allow_fork:
-            deny("creating processes (os.fork)")
+    def on_fork(event: str, args: tuple[Any, ...], _allow: Any = allow_fork, _deny: Deny = deny) -> None:
+        if not _allow:
+            _deny("creating processes (os.fork)")
 
     return {"os.fork": on_fork, "os.forkpty": on_fork}
+
+
+def make_tamper_handlers(deny: Deny, own_files: frozenset[str]) -> dict[str, Handler]:
+    """Replacing the code or the defaults of the sandbox's own functions (compiled from ``own_files``)."""
+
+    function_type = type(make_deny)
+
+    def on_attribute(
+        event: str, args: tuple[Any, ...], _names: Any = FUNCTION_STATE, _function: Any = function_type,
+        _type: Any = type, _own: Any = own_files, _deny: Deny = deny,
+    ) -> None:  # fmt: skip
+        if args[1] in _names and _type(args[0]) is _function and args[0].__code__.co_filename in _own:
+            _deny("changing the sandbox's own functions")
+
+    return {"object.__setattr__": on_attribute, "object.__delattr__": on_attribute}
 
 
 def make_hook(handlers: dict[str, Handler], deny: Deny) -> Handler:
     """The audit hook: hot events pass; an event with a handler is the handler's to refuse; the rest of
     ``REFUSED_EVENTS``, ``REFUSED_PREFIXES`` and ``os.*`` is refused; anything else passes."""
-    hot, prefixes = HOT_EVENTS, REFUSED_PREFIXES  # bound now: see the module docstring
-    handler_for, refusal_for = dict(handlers).get, dict(REFUSED_EVENTS).get
+    import types
 
-    def hook(event: str, args: tuple[Any, ...]) -> None:
-        if event in hot:
+    def hook(
+        event: str, args: tuple[Any, ...], _hot: Any = HOT_EVENTS, _prefixes: Any = REFUSED_PREFIXES,
+        _handler_for: Any = types.MappingProxyType(dict(handlers)).get,
+        _refusal_for: Any = types.MappingProxyType(dict(REFUSED_EVENTS)).get, _deny: Deny = deny,
+    ) -> None:  # fmt: skip
+        if event in _hot:
             return
-        handler = handler_for(event)
+        handler = _handler_for(event)
         if handler is not None:
             handler(event, args)
             return
-        what = refusal_for(event)
+        what = _refusal_for(event)
         if what is not None:
-            deny(what + " (" + event + ")")
-        for prefix, what in prefixes:
+            _deny(what + " (" + event + ")")
+        for prefix, what in _prefixes:
             if event.startswith(prefix):
-                deny(what + " (" + event + ")")
+                _deny(what + " (" + event + ")")
         if event.startswith("os."):
-            deny(event)
+            _deny(event)
 
     return hook
 
@@ -381,6 +465,7 @@ def make_guard(work: str, roots: tuple[str, ...], allow_fork: bool, allow_ctypes
     if allow_ctypes:
         handlers.update(make_ctypes_handlers(roots, deny, tools))
     handlers.update(make_process_handlers(deny, allow_fork))
+    handlers.update(make_tamper_handlers(deny, frozenset((SANDBOX_FILE, make_deny.__code__.co_filename))))
     return make_hook(handlers, deny)
 
 

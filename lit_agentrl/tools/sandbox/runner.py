@@ -5,10 +5,11 @@ with the code in ``main.py``, a uid, a task limit, the child's config), launches
 part of its output, kills it at the wall-clock limit, and turns what happened into a :class:`SandboxResult`.
 
 The child's code is the text of :mod:`~lit_agentrl.tools.sandbox.stage1`,
-:mod:`~lit_agentrl.tools.sandbox.stage2` and :mod:`~lit_agentrl.tools.sandbox.guard`, read from those files
-once and passed on the command line: ``python -I -S -B -c LAUNCH STAGE1 CONFIG STAGE2 GUARD``. Stage 1
-``exec``s ``python -I -S -B -c LAUNCH STAGE2 CONFIG GUARD``; stage 2 compiles GUARD into a namespace of its
-own. The child never imports the project.
+:mod:`~lit_agentrl.tools.sandbox.rootfs`, :mod:`~lit_agentrl.tools.sandbox.stage2` and
+:mod:`~lit_agentrl.tools.sandbox.guard`, read from those files once and passed on the command line:
+``python -I -S -B -c LAUNCH STAGE1 CONFIG ROOTFS STAGE2 GUARD``. Stage 1 runs ROOTFS in a namespace of its own
+and ``exec``s ``python -I -S -B -c LAUNCH STAGE2 CONFIG GUARD``; stage 2 compiles GUARD into a namespace of
+its own. The child never imports the project.
 """
 
 from __future__ import annotations
@@ -40,7 +41,17 @@ from lit_agentrl.tools.sandbox.processes import (
 from lit_agentrl.tools.sandbox.results import OutputCapture, SandboxResult, failure, result_from_exit
 from lit_agentrl.tools.sandbox.stage2 import MARKER
 
-__all__ = ["CHILD_ENV", "GUARD_SOURCE", "LAUNCH", "STAGE1_SOURCE", "STAGE2_SOURCE", "TOKEN_PREFIX", "PythonSandbox"]
+__all__ = [
+    "CHILD_ENV",
+    "GUARD_SOURCE",
+    "HOOK_ONLY",
+    "LAUNCH",
+    "ROOTFS_SOURCE",
+    "STAGE1_SOURCE",
+    "STAGE2_SOURCE",
+    "TOKEN_PREFIX",
+    "PythonSandbox",
+]
 
 LAUNCH = "import sys;exec(compile(sys.argv[1],'" + MARKER + "','exec'))"
 """The child's ``-c`` program: run ``sys.argv[1]`` (a stage's text) as ``__main__``, under the marker name."""
@@ -48,6 +59,7 @@ TOKEN_PREFIX = "lit-agentrl-run-"
 """A run's token, in its child's command line (and its children's), is ``TOKEN_PREFIX<trainer pid>-<n>-<random>``."""
 STAGE1_SOURCE = Path(__file__).with_name("stage1.py").read_text(encoding="utf-8")
 STAGE2_SOURCE = Path(__file__).with_name("stage2.py").read_text(encoding="utf-8")
+ROOTFS_SOURCE = Path(__file__).with_name("rootfs.py").read_text(encoding="utf-8")
 GUARD_SOURCE = Path(__file__).with_name("guard.py").read_text(encoding="utf-8")
 
 CHILD_ENV = {
@@ -62,7 +74,11 @@ CHILD_ENV = {
 }
 """The child's whole environment (plus ``HOME`` and ``TMPDIR``: its folder); nothing of the trainer's."""
 
-_probe_cache: dict[tuple[str, bool, bool], dict[str, Any]] = {}
+HOOK_ONLY = "audit hook only"
+"""``isolation["filesystem"]`` where the kernel offers no file-system layer: only the audit hook guards files."""
+MOUNT_NAMESPACE = "mount namespace"
+
+_probe_cache: dict[tuple[str, bool, bool, bool], dict[str, Any]] = {}
 _probe_lock = threading.Lock()
 
 
@@ -76,6 +92,9 @@ class PythonSandbox:
         site_packages: let the code import the interpreter's ``site-packages`` (numpy, sympy, ...); they
             become readable. ``.pth`` files are not processed, so editable installs (this project) stay out.
         drop_privileges: when the trainer runs as root, run the code as a per-run unprivileged uid.
+        isolate_filesystem: run the code in a minimal root of its own (mount and PID namespaces), where the
+            kernel allows it (root, or unprivileged user namespaces). False: do not try, so the audit hook
+            alone guards the file system (for machines where the namespaces misbehave, and for tests).
 
     ``await sandbox.arun(code)`` never blocks the event loop; ``sandbox.run(code)`` blocks. Both return a
     :class:`SandboxResult` and never raise for problems of the code.
@@ -88,6 +107,7 @@ class PythonSandbox:
         *,
         site_packages: bool = False,
         drop_privileges: bool = True,
+        isolate_filesystem: bool = True,
     ) -> None:
         if not isinstance(limits, SandboxLimits):
             raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
@@ -97,6 +117,7 @@ class PythonSandbox:
         self.python = python
         self.site_packages = site_packages
         self.drop_privileges = drop_privileges
+        self.isolate_filesystem = isolate_filesystem
         self._guard = True  # tests switch the audit hook off to check the kernel-enforced layers alone
 
     def __repr__(self) -> str:
@@ -106,22 +127,28 @@ class PythonSandbox:
 
     @property
     def isolation(self) -> dict[str, Any]:
-        """What this machine allows, found once per interpreter by a probe run: ``netns`` (network
-        namespace), ``dropped`` (root: runs as an unprivileged uid), ``keep_read`` (that uid keeps
-        CAP_DAC_READ_SEARCH because the Python installation isn't readable by others), ``uid``."""
+        """What this machine allows, found once per interpreter by a probe run: ``filesystem`` (``"mount
+        namespace"``: the code sees only its own minimal root; ``"audit hook only"``: no kernel-enforced
+        file-system boundary), ``netns`` (network namespace), ``dropped`` (root: runs as an unprivileged uid),
+        ``keep_read`` (that uid keeps CAP_DAC_READ_SEARCH because the Python installation isn't readable by
+        others), ``uid``."""
         want_drop = self.drop_privileges and os.geteuid() == 0
-        key = (self.python, self.site_packages, want_drop)
+        key = (self.python, self.site_packages, want_drop, self.isolate_filesystem)
         with _probe_lock:
             if key not in _probe_cache:
-                report = None
-                for drop, netns in dict.fromkeys(
-                    [(want_drop, True), (want_drop, False), (False, True), (False, False)]
-                ):
-                    report = self._probe(drop=drop, netns=netns)
-                    if report is not None:
-                        break
-                _probe_cache[key] = report or {"netns": False, "dropped": False, "keep_read": False, "uid": None}
+                _probe_cache[key] = self._best_probe(want_drop)
             return dict(_probe_cache[key])
+
+    def _best_probe(self, want_drop: bool) -> dict[str, Any]:
+        """The first setup that starts here, strongest first."""
+        setups = [(want_drop, True), (want_drop, False), (False, True), (False, False)]
+        for fs in (True, False) if self.isolate_filesystem else (False,):
+            for drop, netns in dict.fromkeys(setups):
+                report = self._probe(drop=drop, netns=netns, fs=fs)
+                if report is not None:
+                    fs_ok = report.pop("fs", False)
+                    return {**report, "filesystem": MOUNT_NAMESPACE if fs_ok else HOOK_ONLY}
+        return {"filesystem": HOOK_ONLY, "netns": False, "dropped": False, "keep_read": False, "uid": None}
 
     @property
     def network_isolated(self) -> bool:
@@ -130,13 +157,21 @@ class PythonSandbox:
         return bool(self.isolation["netns"])
 
     @property
+    def filesystem_isolated(self) -> bool:
+        """True when runs see only their own minimal root (kernel-enforced); False: the audit hook alone
+        keeps the code from the machine's files, which determined code can get past (see the README). Code
+        running as root (no privilege drop) keeps the capabilities to mount its way out: False then too."""
+        iso = self.isolation
+        return iso["filesystem"] == MOUNT_NAMESPACE and (bool(iso["dropped"]) or os.geteuid() != 0)
+
+    @property
     def privileges_dropped(self) -> bool:
         """True when (as root) the code runs as an unprivileged uid: kernel-enforced NPROC, kill, write limits."""
         return bool(self.isolation["dropped"])
 
-    def _probe(self, drop: bool, netns: bool) -> dict[str, Any] | None:
+    def _probe(self, drop: bool, netns: bool, fs: bool) -> dict[str, Any] | None:
         """Start a child that only reports what it got; None when that setup can't start here."""
-        tmp, argv, env, token = self._prepare("", drop=drop, netns=netns, probe=True)
+        tmp, argv, env, token = self._prepare("", drop=drop, netns=netns, fs=fs, probe=True)
         try:
             done = subprocess.run(
                 argv,
@@ -167,7 +202,7 @@ class PythonSandbox:
         base = uid_base()
         return None if base is None else base + next_run_number() % UID_SPAN
 
-    def _task_limit(self, uid: int | None) -> int | None:
+    def _task_limit(self, uid: int | None, fs: bool) -> int | None:
         """``RLIMIT_NPROC`` for the run: the kernel counts every task of the uid, and ignores it for root."""
         if uid is not None:
             return 1 + self.limits.max_processes
@@ -175,7 +210,8 @@ class PythonSandbox:
             return None
         if self.limits.max_processes == 0:
             return 1  # counts every task of the user, so the child can't create any
-        return user_task_count(os.getuid()) + self.limits.max_processes
+        # With the file-system layer, the run's outer process and its PID 1 are the user's tasks too.
+        return user_task_count(os.getuid()) + self.limits.max_processes + (2 if fs else 0)
 
     @staticmethod
     def _make_run_dir(code: str, uid: int | None) -> str:
@@ -194,12 +230,12 @@ class PythonSandbox:
         return tmp
 
     def _prepare(
-        self, code: str, drop: bool, netns: bool, probe: bool = False
+        self, code: str, drop: bool, netns: bool, fs: bool, probe: bool = False
     ) -> tuple[str, list[str], dict[str, str], str]:
         """The run's directory (with main.py), argv, environment and command-line token."""
         limits = self.limits
         uid = self._run_uid(drop)
-        nproc = self._task_limit(uid)
+        nproc = self._task_limit(uid, fs)
         tmp = self._make_run_dir(code, uid)
         token = f"{TOKEN_PREFIX}{os.getpid()}-{next_run_number()}-{random.getrandbits(48):012x}"
         cfg = {
@@ -211,6 +247,7 @@ class PythonSandbox:
             "nproc": nproc,
             "uid": uid,
             "netns": netns,
+            "fs": fs,
             "site": self.site_packages,
             "allow_fork": limits.max_processes > 0,
             "guard": self._guard,
@@ -218,7 +255,7 @@ class PythonSandbox:
             "ppid": os.getpid(),
             "launch": LAUNCH,
         }
-        stages = [STAGE1_SOURCE, json.dumps(cfg), STAGE2_SOURCE, GUARD_SOURCE]
+        stages = [STAGE1_SOURCE, json.dumps(cfg), ROOTFS_SOURCE, STAGE2_SOURCE, GUARD_SOURCE]
         argv = [self.python, "-I", "-S", "-B", "-c", LAUNCH, *stages]
         env = dict(CHILD_ENV, HOME=tmp, TMPDIR=tmp)
         return tmp, argv, env, token
@@ -240,7 +277,8 @@ class PythonSandbox:
             return failure(f"TypeError: the code must be a string, got {type(code).__name__}")
         try:
             iso = await asyncio.to_thread(lambda: self.isolation)
-            tmp, argv, env, token = await asyncio.to_thread(self._prepare, code, iso["dropped"], iso["netns"])
+            fs = iso["filesystem"] == MOUNT_NAMESPACE
+            tmp, argv, env, token = await asyncio.to_thread(self._prepare, code, iso["dropped"], iso["netns"], fs)
         except Exception as exc:  # the machine, not the code: still an answer, not an exception
             return failure(f"SandboxError: could not prepare the run: {type(exc).__name__}: {exc}")
         result = await self._launch(argv, tmp, env, token)

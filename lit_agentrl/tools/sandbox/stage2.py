@@ -1,6 +1,7 @@
 """Stage 2 of a sandboxed run: install the audit hook (the guard), then run the model's code.
 
-Like stage 1 (see its docstring), the child does not import this module: stage 1 ``exec``s
+Like stage 1 (see its docstring), the child does not import this module: stage 1 (as the run's PID 2, in its
+own root, when the file-system layer is there) ``exec``s
 ``python -I -S -B -c LAUNCH <this file's text> CONFIG <the guard's text>``, which runs it as ``__main__``,
 calling :func:`main`. Hence: the standard library only, ASCII only, nothing done at import but definitions
 (the parent imports it for its constants, and for tests).
@@ -129,7 +130,12 @@ def main() -> int:
     if cfg["guard"]:
         load_guard(guard_source)(work, roots, cfg["allow_fork"], cfg["site"])
     if cfg["probe"]:
-        report = {"netns": cfg["netns_ok"], "dropped": cfg["dropped"], "keep_read": cfg["keep_read"]}
+        report = {
+            "netns": cfg["netns_ok"],
+            "fs": cfg["fs_ok"],
+            "dropped": cfg["dropped"],
+            "keep_read": cfg["keep_read"],
+        }
         print(json.dumps({**report, "uid": os.getuid(), "guard": cfg["guard"]}))
         return 0
     return run_code(source, traceback)
