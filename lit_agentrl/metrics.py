@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torchmetrics import MeanMetric, SumMetric
+from torchmetrics import MaxMetric, MeanMetric, MinMetric, SumMetric
 
 from lit_agentrl.types import AGENT_METRICS_FIELD, Trajectory
 
@@ -24,6 +24,8 @@ class RolloutMetrics(torch.nn.Module):
         self.turns = MeanMetric()
         self.tool_calls = MeanMetric()
         self.truncated = MeanMetric()
+        self.flat_groups = MeanMetric()
+        self.reward_min, self.reward_max = MinMetric(), MaxMetric()
         self.failed = SumMetric()
         self.drift = SumMetric()
         self.tokens_per_s = SumMetric()
@@ -43,6 +45,13 @@ class RolloutMetrics(torch.nn.Module):
         ):
             metric.reset()
             metric.update(sum(values) / weight if ok else 0.0, weight=weight)
+        flat = flat_groups(ok)
+        self.flat_groups.reset()
+        self.flat_groups.update(sum(flat) / len(flat) if flat else 0.0, weight=float(len(flat)))
+        for extreme, pick in ((self.reward_min, min), (self.reward_max, max)):
+            extreme.reset()
+            if ok:
+                extreme.update(pick(t.reward for t in ok))
         generated = sum(t.num_generated_tokens for t in ok)
         for total, value in (
             (self.failed, len(trajectories) - len(ok)),
@@ -60,12 +69,24 @@ class RolloutMetrics(torch.nn.Module):
             "rollout/num_turns_mean": _finite(self.turns.compute()),
             "rollout/tool_calls_mean": _finite(self.tool_calls.compute()),
             "rollout/truncated_frac": _finite(self.truncated.compute()),
+            "rollout/flat_group_frac": _finite(self.flat_groups.compute()),
+            "rollout/reward_min": _finite(self.reward_min.compute()),
+            "rollout/reward_max": _finite(self.reward_max.compute()),
             "rollout/failed": float(self.failed.compute()),
             "rollout/trajectories": float(self.total.compute()),
             "rollout/template_drift": float(self.drift.compute()),
             "rollout/tokens_per_s": float(self.tokens_per_s.compute()),
             **agent_metrics(ok),
         }
+
+
+def flat_groups(trajectories: Sequence[Trajectory]) -> list[float]:
+    """1.0 for each prompt group (of two or more successful trajectories) whose rewards are all equal, else 0.0:
+    such a group has zero advantages and teaches nothing."""
+    rewards: dict[int, list[float]] = defaultdict(list)
+    for t in trajectories:
+        rewards[t.group].append(t.reward)
+    return [float(max(r) == min(r)) for r in rewards.values() if len(r) > 1]
 
 
 def agent_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -23,10 +23,12 @@ from lit_agentrl.callbacks.colocation import ColocatedCycle, PhaseMemory
 from lit_agentrl.engines import RolloutEngine, SamplingParams, build_engines
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.weight_sync import sync_weights
+from lit_agentrl.errors import UserInputError
 from lit_agentrl.metrics import RolloutMetrics
 from lit_agentrl.module import GRPOModule
 from lit_agentrl.offload import TrainerOffload
 from lit_agentrl.rollout.dynamic import dynamic_rollout
+from lit_agentrl.rollout.flat_rewards import FlatRewardWatch
 from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.types import RolloutBatch, Trajectory
 
@@ -59,6 +61,8 @@ class RolloutCallback(Callback):
             :mod:`lit_agentrl.callbacks.colocation`. The sync then runs before each rollout, not after each step.
         offload_trainer: in colocated mode, move the trainer's parameters and optimizer state (and the reference's)
             to host memory while the engine generates (default: on when ``colocate`` is; needs ``colocate``).
+        flat_reward_warn_steps: warn (naming the likely causes) when every prompt group's rewards have been equal
+            for this many steps in a row, as a missing ground truth or the wrong reward function makes them (0: off).
 
     The reward function is the data module's ``reward_fn``. Example (YAML, under ``trainer.callbacks``)::
 
@@ -82,15 +86,16 @@ class RolloutCallback(Callback):
         max_failed_fraction: float = 0.5,
         colocate: bool = False,
         offload_trainer: bool | None = None,
+        flat_reward_warn_steps: int = 5,
     ) -> None:
         if n_samples < 1 or val_n_samples < 1:
-            raise ValueError(f"n_samples and val_n_samples must be >= 1, got {n_samples} and {val_n_samples}")
+            raise UserInputError(f"n_samples and val_n_samples must be >= 1, got {n_samples} and {val_n_samples}")
         if not 0.0 <= max_failed_fraction <= 1.0:
-            raise ValueError(f"max_failed_fraction must be in [0, 1], got {max_failed_fraction}")
+            raise UserInputError(f"max_failed_fraction must be in [0, 1], got {max_failed_fraction}")
         if sync_bucket_mb < 1:
-            raise ValueError(f"sync_bucket_mb must be >= 1, got {sync_bucket_mb}")
+            raise UserInputError(f"sync_bucket_mb must be >= 1, got {sync_bucket_mb}")
         if offload_trainer and not colocate:
-            raise ValueError(
+            raise UserInputError(
                 "RolloutCallback.offload_trainer needs colocate: true (the trainer's states leave the GPU only to make "
                 "room for an engine on the same GPU)"
             )
@@ -113,6 +118,7 @@ class RolloutCallback(Callback):
         self.engines: list[RolloutEngine] = []
         self.manager: RolloutManager | None = None
         self.metrics = RolloutMetrics()
+        self.flat_rewards = FlatRewardWatch(flat_reward_warn_steps)
         self.totals = {"rollouts": 0, "trajectories": 0, "failed": 0, "syncs": 0}
         self._needs_sync = False
         self._base_seed = 0
@@ -125,13 +131,15 @@ class RolloutCallback(Callback):
         module = _grpo_module(pl_module)
         model_path, temperature = module.model_path, module.objective.temperature
         if abs(self.sampling.temperature - temperature) > 1e-9:
-            raise ValueError(
+            raise UserInputError(
                 f"RolloutCallback.sampling_params.temperature={self.sampling.temperature} but "
                 f"model.rollout_temperature={temperature}: log-probs must be computed at the sampling temperature"
             )
         tokenizer = load_tokenizer(model_path)
         if not tokenizer.chat_template:
-            raise ValueError(f"the tokenizer at {model_path!r} has no chat template; agents need one to build prompts")
+            raise UserInputError(
+                f"the tokenizer at {model_path!r} has no chat template; agents need one to build prompts"
+            )
         if self.engine_name in ("sglang", "sglang_http"):  # SGLang without a tokenizer: no stop strings
             for where, params in (
                 ("sampling_params", self.sampling_params),
@@ -197,6 +205,7 @@ class RolloutCallback(Callback):
         metrics = self.metrics.compute(generated, seconds)
         self._count(rollout, len(generated))
         self._report_failures(trainer, generated, metrics)
+        self._warn_if_flat(trainer, metrics)
         self._check_failures(metrics, rollout)
         pl_module.log_dict({**metrics, **phases, **dynamic}, on_step=True, batch_size=1)
         pl_module.log(
@@ -351,6 +360,14 @@ class RolloutCallback(Callback):
             f"\nfirst traceback:\n{first}" if first else "",
         )
 
+    def _warn_if_flat(self, trainer: L.Trainer, metrics: dict[str, float]) -> None:
+        """Warn, on rank 0, when the rewards have carried no signal for ``flat_reward_warn_steps`` steps."""
+        warning = self.flat_rewards.update(
+            metrics["rollout/flat_group_frac"], metrics["rollout/reward_min"], metrics["rollout/reward_max"]
+        )
+        if warning and trainer.is_global_zero:
+            log.warning("step %d: %s", trainer.global_step, warning)
+
     def _check_failures(self, metrics: dict[str, float], rollout: RolloutBatch) -> None:
         """Stop when too many trajectories failed; every rank sees the same global counts, so all stop."""
         total = metrics["rollout/trajectories"]
@@ -392,7 +409,7 @@ def load_tokenizer(model_path: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(model_path)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"model.model_path={model_path!r}: no loadable tokenizer there ({exc})") from exc
+        raise UserInputError(f"model.model_path={model_path!r}: no loadable tokenizer there ({exc})") from exc
 
 
 def _grpo_module(pl_module: L.LightningModule) -> GRPOModule:
