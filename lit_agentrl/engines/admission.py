@@ -5,8 +5,9 @@ by shape), so the engine's log-probs, and now and then a sampled token, depend o
 batched together, which on a loaded machine depends on timing. A resumed run would then not train the weights an
 unbroken one trains. The gate removes timing from the composition:
 
-* every trajectory of a rollout is known to the gate before any starts, in a fixed order, with its slot (at most
-  ``capacity`` run at once; the others queue in that order and get the slot of the next one to finish);
+* every trajectory of a rollout is known to the gate before any starts, in a fixed order, in its lane (one per
+  engine, or one for all): at most ``capacity`` of a lane run at once, the others queue in that order and get the
+  slot of the next one of their lane to finish;
 * every request carries its trajectory's key (the :data:`ROLLOUT_TRAJECTORY` context variable, set per trajectory
   task by the rollout manager) and is the key's k-th request, which seeds its sampling stream;
 * a deterministic engine admits new requests only when the gate is *quiescent*: every running trajectory is
@@ -49,12 +50,17 @@ class AdmissionGate:
     or the engine may start a step between them (it stays correct, but is no longer independent of timing).
     """
 
-    def __init__(self, keys: Sequence[tuple[int, int]], capacity: int) -> None:
+    def __init__(self, lanes: Sequence[Sequence[tuple[int, int]]], capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self._condition = threading.Condition()
-        self._running: set[tuple[int, int]] = set(keys[:capacity])
-        self._queued: deque[tuple[int, int]] = deque(keys[capacity:])
+        self._running: set[tuple[int, int]] = set()
+        self._queued: list[deque[tuple[int, int]]] = []
+        self._lane: dict[tuple[int, int], int] = {}
+        for index, keys in enumerate(lanes):  # a lane per engine (or one for all): its first keys run at once
+            self._running.update(keys[:capacity])
+            self._queued.append(deque(keys[capacity:]))
+            self._lane.update((key, index) for key in keys)
         self._slots: dict[tuple[int, int], asyncio.Future[None]] = {}
         self._outstanding: Counter[tuple[int, int]] = Counter()
         self._requests: Counter[tuple[int, int]] = Counter()
@@ -62,7 +68,8 @@ class AdmissionGate:
     # ------------------------------------------------------------------ trajectories (event loop thread)
 
     async def acquire(self, key: tuple[int, int]) -> None:
-        """Wait for the trajectory's slot: at once for the first ``capacity`` keys, else when one is handed on."""
+        """Wait for the trajectory's slot: at once for the first ``capacity`` keys of its lane, else when one is
+        handed on."""
         with self._condition:
             if key in self._running:
                 return
@@ -70,12 +77,13 @@ class AdmissionGate:
         await slot
 
     def release(self, key: tuple[int, int]) -> None:
-        """The trajectory is done with the engine: its slot goes to the first queued key, running from now on (so
-        the engine waits for its first request rather than starting a step without it)."""
+        """The trajectory is done with the engine: its slot goes to the first queued key of its lane, running from
+        now on (so the engine waits for its first request rather than starting a step without it)."""
         with self._condition:
             self._running.discard(key)
-            if self._queued:
-                successor = self._queued.popleft()
+            queued = self._queued[self._lane[key]]
+            if queued:
+                successor = queued.popleft()
                 self._running.add(successor)
                 slot = self._slots.setdefault(successor, asyncio.get_running_loop().create_future())
                 slot.set_result(None)
@@ -114,7 +122,7 @@ class AdmissionGate:
     def finished(self) -> bool:
         """Every trajectory has finished: nothing more will come through this gate."""
         with self._condition:
-            return not self._running and not self._queued
+            return not self._running and not any(self._queued)
 
     def _quiescent(self) -> bool:
         return all(self._outstanding[key] > 0 for key in self._running)

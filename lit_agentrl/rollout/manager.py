@@ -113,12 +113,9 @@ class RolloutManager:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
         SamplingParams.from_dict(sampling_params)  # fail before any trajectory starts
         keys = [(group, sample) for group in range(len(rows)) for sample in range(n_samples)]
-        gate = AdmissionGate(keys, self.max_inflight_per_engine * len(self.engines))
+        gate = self._gate(keys)
         start, self._reward_seconds = time.perf_counter(), 0.0
-        tasks = [
-            self._run_one(rows[group], TrajectoryTag(gate, (group, sample)), dict(sampling_params))
-            for group, sample in keys
-        ]
+        tasks = [self._run_one(rows[g], TrajectoryTag(gate, (g, s)), dict(sampling_params)) for g, s in keys]
         trajectories = list(await asyncio.gather(*tasks))
         stats = summarize(trajectories, time.perf_counter() - start)
         stats.reward_seconds = self._reward_seconds
@@ -161,6 +158,7 @@ class RolloutManager:
                     )
                 check_output(output)
             finally:
+                self._outstanding[engine_index] -= 1
                 tag.gate.release(tag.key)
             reward = await self._reward(output, row, kwargs["ground_truth"])  # the engine slot is free meanwhile
         except asyncio.TimeoutError:
@@ -177,15 +175,26 @@ class RolloutManager:
                 failure_traceback=_traceback_with_agent_line(exc, agent_name),
                 seconds=_since(start),
             )
-        finally:
-            self._outstanding[engine_index] -= 1
         return _to_trajectory(output, group, sample, agent_name, reward, _since(start))
 
+    @property
+    def _fixed_routes(self) -> bool:
+        """Whether each trajectory's engine is fixed by its group: when every engine is deterministic, which engine
+        serves it must not depend on timing either (a group's prompts then share one engine's prefix cache)."""
+        return all(getattr(engine, "deterministic", False) for engine in self.engines)
+
+    def _gate(self, keys: list[tuple[int, int]]) -> AdmissionGate:
+        """The rollout's gate: a lane of ``max_inflight_per_engine`` slots per engine with fixed routes, else one
+        lane of them all (an engine is chosen when a trajectory gets its slot)."""
+        if self._fixed_routes:
+            lanes = [[k for k in keys if k[0] % len(self.engines) == e] for e in range(len(self.engines))]
+            return AdmissionGate(lanes, self.max_inflight_per_engine)
+        return AdmissionGate([keys], self.max_inflight_per_engine * len(self.engines))
+
     def _route(self, group: int) -> int:
-        """The engine for a trajectory: fixed by its group when every engine is deterministic (which engine serves
-        it must not depend on timing either; a group's prompts then share one engine's prefix cache), else the one
-        with the fewest trajectories outstanding."""
-        if all(getattr(engine, "deterministic", False) for engine in self.engines):
+        """The engine for a trajectory that has its slot: its group's with fixed routes, else the one with the
+        fewest trajectories running (at most ``max_inflight_per_engine`` each: the slots are as many)."""
+        if self._fixed_routes:
             return group % len(self.engines)
         return min(range(len(self.engines)), key=self._outstanding.__getitem__)
 

@@ -88,7 +88,7 @@ def test_a_hanging_trajectory_holds_the_others_until_the_timeout_and_the_rollout
 
 def test_the_gate_is_quiescent_when_every_running_trajectory_waits_and_hands_slots_on_in_key_order():
     async def scenario() -> None:
-        gate = AdmissionGate([(0, 0), (0, 1), (1, 0)], capacity=2)
+        gate = AdmissionGate([[(0, 0), (0, 1), (1, 0)]], capacity=2)
         queued = asyncio.ensure_future(gate.acquire((1, 0)))
         await gate.acquire((0, 1))
         await gate.acquire((0, 0))
