@@ -386,6 +386,16 @@ class PromptBatchLoader:
         generator = torch.Generator().manual_seed(self.seed + epoch)
         return torch.randperm(len(self.rows), generator=generator).tolist()
 
+    def batch_after(self, batch: PromptBatch, ahead: int) -> PromptBatch:
+        """The batch iteration yields ``ahead`` batches after ``batch`` (into later epochs as needed), without
+        moving the position: rollouts generated ahead of their step (``mode: async``) are for the batches Lightning
+        will fetch, and a resumed run regenerates those it lost."""
+        position = batch.index + ahead
+        epoch, index = batch.epoch + position // len(self), position % len(self)
+        start, end = self._rank_slice(index)
+        rows = [self.rows[i] for i in self._order(epoch)[start:end]]
+        return PromptBatch(rows=rows, epoch=epoch, index=index, split=self.split)
+
     def mark_consumed(self, batch: PromptBatch) -> None:
         self.epoch, self.consumed = batch.epoch, batch.index + 1
 

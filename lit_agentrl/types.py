@@ -43,6 +43,9 @@ class Trajectory:
     failure_traceback: str | None = None
     """The full traceback of a trajectory that raised, ending with where in the agent's file it was raised."""
     seconds: float = 0.0
+    weight_versions: tuple[int, int] | None = None
+    """The oldest and newest weight version (``RolloutEngine.weight_version``: training steps in the weights) its
+    tokens were generated with; they differ for a trajectory continued across a weight update (a partial rollout)."""
     messages: list[dict[str, Any]] | None = None
     """The conversation up to the last model turn as OpenAI-style dicts (``role``, ``content``, ``tool_calls``,
     ``tool_call_id``), when the agent recorded it (``AgentGraph.convert_agent_graph_output`` does)."""

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -20,6 +20,7 @@ from transformers import AutoTokenizer
 
 from lit_agentrl.agents.registry import import_modules
 from lit_agentrl.callbacks.colocation import ColocatedCycle, PhaseMemory
+from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.engines import RolloutEngine, SamplingParams, build_engines
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.weight_sync import sync_weights
@@ -27,10 +28,11 @@ from lit_agentrl.errors import UserInputError
 from lit_agentrl.metrics import RolloutMetrics
 from lit_agentrl.module import GRPOModule
 from lit_agentrl.offload import TrainerOffload
+from lit_agentrl.rollout.ahead import RolloutsAhead, split_stale
 from lit_agentrl.rollout.dynamic import dynamic_rollout
 from lit_agentrl.rollout.flat_rewards import FlatRewardWatch
 from lit_agentrl.rollout.manager import RolloutManager
-from lit_agentrl.types import RolloutBatch, Trajectory
+from lit_agentrl.types import PromptBatch, RolloutBatch, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,15 @@ class RolloutCallback(Callback):
             to host memory while the engine generates (default: on when ``colocate`` is; needs ``colocate``).
         flat_reward_warn_steps: warn (naming the likely causes) when every prompt group's rewards have been equal
             for this many steps in a row, as a missing ground truth or the wrong reward function makes them (0: off).
+        mode: ``sync`` (default): each step's rollout, then its update, then the weight sync. ``async``: the rollouts
+            of the next steps run on the engine while this step trains (:mod:`lit_agentrl.rollout.ahead`).
+        max_staleness: in ``async`` mode, how many updates older than the policy a trajectory's weights may be; older
+            ones are dropped (``rollout/dropped_stale``). 0 generates nothing ahead: exactly what ``sync`` trains on.
+            From 1 on, the model needs ``rollout_correction`` (the off-policy correction).
+        partial_rollouts: in ``async`` mode, push the weights as soon as a step ends, into the engine while it
+            generates: requests in flight continue on the new weights (their tokens keep the log-probs they were
+            sampled with), and up to ``max_staleness`` steps are generated ahead. Without it the push waits until the
+            rollouts in flight have finished, so every request runs on one version and at most one step runs ahead.
 
     The reward function is the data module's ``reward_fn``. Example (YAML, under ``trainer.callbacks``)::
 
@@ -87,6 +98,9 @@ class RolloutCallback(Callback):
         colocate: bool = False,
         offload_trainer: bool | None = None,
         flat_reward_warn_steps: int = 5,
+        mode: str = "sync",
+        max_staleness: int = 1,
+        partial_rollouts: bool = False,
     ) -> None:
         if n_samples < 1 or val_n_samples < 1:
             raise UserInputError(f"n_samples and val_n_samples must be >= 1, got {n_samples} and {val_n_samples}")
@@ -99,6 +113,11 @@ class RolloutCallback(Callback):
                 "RolloutCallback.offload_trainer needs colocate: true (the trainer's states leave the GPU only to make "
                 "room for an engine on the same GPU)"
             )
+        _check_mode(mode, max_staleness, partial_rollouts, colocate)
+        self.mode, self.max_staleness, self.partial_rollouts = mode, max_staleness, partial_rollouts
+        depth = max_staleness if partial_rollouts else min(max_staleness, 1)
+        self.ahead = RolloutsAhead(depth) if mode == "async" else None
+        self.trained_steps = 0  # the weight version: updates in the policy's weights (checkpointed)
         self.sampling = SamplingParams.from_dict(sampling_params, where="RolloutCallback.sampling_params")
         SamplingParams.from_dict(val_sampling_params, where="RolloutCallback.val_sampling_params")
         self.engine_name = engine
@@ -162,6 +181,8 @@ class RolloutCallback(Callback):
             ),  # a user's data module may have none
             check_template_drift=self.check_template_drift,
         )
+        if self.mode == "async":
+            self._check_async(trainer, module)
         if self.colocate:  # the trainer loads on a free GPU; the first rollout resumes the engine and pushes weights
             for engine in self._owned:
                 engine.release_memory_occupation(tags=["kv_cache", "weights"])
@@ -173,6 +194,8 @@ class RolloutCallback(Callback):
         gc.freeze()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.ahead is not None:
+            self.ahead.cancel()
         if self.manager is not None:
             self.manager.close()
         for engine in self.engines:
@@ -193,9 +216,9 @@ class RolloutCallback(Callback):
         memory.start()
         start, busy = time.perf_counter(), self._engine_busy_seconds()
         rollout, generated, dynamic = self._generate_train(trainer, pl_module, batch)
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start if self.ahead is None else rollout.stats.seconds
         busy_after = self._engine_busy_seconds()
-        if busy is not None and busy_after is not None:
+        if busy is not None and busy_after is not None and self.ahead is None:  # async: it also generated ahead
             pl_module.log("time/generation_s", busy_after - busy, on_step=True, batch_size=1)
         phases.update(memory.finish("rollout"))
         if self.cycle is not None:  # the training step gets the memory back (SGLang needs an idle engine for this)
@@ -223,14 +246,20 @@ class RolloutCallback(Callback):
         :mod:`lit_agentrl.rollout.dynamic`); ``batch.rows`` then become the rows kept.
         """
         manager, datamodule = self._manager(), getattr(trainer, "datamodule", None)
+        if self.ahead is not None:
+            return self._take_ahead(trainer, batch)
         if datamodule is None or not getattr(datamodule, "dynamic_sampling", False):
-            batch.rollout = manager.generate(batch.rows, self.n_samples, self.sampling_params)
+            batch.rollout = manager.generate(
+                batch.rows, self.n_samples, self.sampling_params, self._seed(trainer, "train", batch)
+            )
             return batch.rollout, batch.rollout.trajectories, {}
 
         def generate(rows: Any, round_: int) -> RolloutBatch:
             if round_:
                 self._reseed(trainer, f"train-extra-{round_}")
-            return manager.generate(rows, self.n_samples, self.sampling_params)
+            return manager.generate(
+                rows, self.n_samples, self.sampling_params, self._seed(trainer, f"extra-{round_}", batch)
+            )
 
         def global_sum(value: float) -> float:
             return float(trainer.strategy.reduce(torch.tensor(value, device=pl_module.device), reduce_op="sum"))
@@ -245,12 +274,71 @@ class RolloutCallback(Callback):
         }
         return result.rollout, result.generated, metrics
 
+    def _take_ahead(
+        self, trainer: L.Trainer, batch: PromptBatch
+    ) -> tuple[RolloutBatch, list[Trajectory], dict[str, float]]:
+        """Async mode: the batch's rollout (generated ahead, or now), the next ones started, stale trajectories
+        dropped."""
+        assert self.ahead is not None
+        datamodule = cast(AgentPromptDataModule, getattr(trainer, "datamodule", None))  # checked at setup
+        manager, loader = self._manager(), datamodule.train_dataloader()
+
+        def submit(coming: PromptBatch) -> Any:
+            seed = self._seed(trainer, "train", coming)
+            return manager.submit(coming.rows, self.n_samples, self.sampling_params, seed)
+
+        rollout, waited = self.ahead.take(batch, submit)
+        self.ahead.fill(batch, loader.batch_after, submit, limit=self._steps_left(trainer) - 1)
+        staleness = split_stale(rollout.trajectories, self.trained_steps, self.max_staleness)
+        batch.rollout = RolloutBatch(staleness.kept, rollout.stats)
+        values = [float(v) for v in staleness.values]
+        reduce = functools.partial(_reduce, trainer, _grpo_module(trainer.lightning_module).device)
+        count = reduce(float(len(values)), "sum")
+        metrics = {
+            "rollout/staleness_mean": reduce(sum(values), "sum") / max(count, 1.0),
+            "rollout/staleness_max": reduce(max(values, default=0.0), "max"),
+            "rollout/dropped_stale": reduce(float(staleness.dropped), "sum"),
+            "rollout/partial_frac": reduce(float(staleness.partial), "sum") / max(count, 1.0),
+            "time/wait_rollout_s": waited,
+        }
+        return batch.rollout, rollout.trajectories, metrics
+
+    def _steps_left(self, trainer: L.Trainer) -> int:
+        """Training steps (rollout batches) left in the run, this one included; a large number without max_steps."""
+        if not trainer.max_steps or trainer.max_steps < 0:
+            return 1 << 30
+        mini_batches = _grpo_module(trainer.lightning_module).update.mini_batches
+        return max(0, (trainer.max_steps - trainer.global_step) // mini_batches)
+
+    def _check_async(self, trainer: L.Trainer, module: GRPOModule) -> None:
+        """What mode: async needs, checked before the first step."""
+        datamodule = getattr(trainer, "datamodule", None)
+        if not isinstance(datamodule, AgentPromptDataModule):  # its loader knows the batches to come
+            raise UserInputError("RolloutCallback.mode: async needs the data module AgentPromptDataModule (data:)")
+        if datamodule.dynamic_sampling:
+            raise UserInputError(
+                "RolloutCallback.mode: async does not combine with data.dynamic_sampling yet (its extra rounds depend on "
+                "the step's rollout)",
+                hint="set data.dynamic_sampling: false, or mode: sync",
+            )
+        if self.max_staleness >= 1 and module.objective.rollout_correction is None:
+            raise UserInputError(
+                f"RolloutCallback.mode: async with max_staleness={self.max_staleness} trains on trajectories from older "
+                "weights: it needs the off-policy correction, model.rollout_correction (with model.old_logprobs: "
+                "trainer)",
+                hint="set model.old_logprobs: trainer and model.rollout_correction: tis, or max_staleness: 0",
+            )
+        self._manager().start_background()
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         pl_module.log_dict(PhaseMemory(pl_module.device).finish("train"), on_step=True, batch_size=1)
+        self.trained_steps += 1
         self._needs_sync = True
-        if not self.colocate:  # colocated: before the next rollout, in the window that gives the engine the GPU
+        # Colocated: before the next rollout, in the window that gives the engine the GPU. Async without partial
+        # rollouts: before the next rollout too, once those in flight have finished on the weights they began with.
+        if not self.colocate and not (self.ahead is not None and not self.partial_rollouts):
             self._prepare_engines(trainer, pl_module)
 
     # ------------------------------------------------------------------ validation
@@ -260,7 +348,8 @@ class RolloutCallback(Callback):
     ) -> None:
         self._prepare_engines(trainer, pl_module)
         self._reseed(trainer, f"val-{batch_idx}")
-        batch.rollout = self._manager().generate(batch.rows, self.val_n_samples, self.val_sampling_params)
+        seed = self._seed(trainer, f"val-{trainer.global_step}", batch)
+        batch.rollout = self._manager().generate(batch.rows, self.val_n_samples, self.val_sampling_params, seed)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.cycle is not None:  # the trainer resident again before checkpoints and training run
@@ -284,6 +373,12 @@ class RolloutCallback(Callback):
         """Model compute of the in-process engines so far (None when they do not count it, as SGLang's)."""
         counts = [engine.busy_seconds for engine in self.engines if engine.busy_seconds is not None]
         return sum(counts) if counts else None
+
+    def _seed(self, trainer: L.Trainer, phase: str, batch: PromptBatch) -> int:
+        """A rollout's seed, keyed by (run seed, rank, phase, the batch's place in the data): the same whether the
+        rollout runs at its step (sync) or ahead of it (async), in an unbroken run or a resumed one."""
+        key = f"{self._base_seed}/{trainer.global_rank}/{phase}/{batch.epoch}/{batch.index}"
+        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
 
     def _reseed(self, trainer: L.Trainer, phase: str) -> None:
         """Sampling streams keyed by (seed, rank, step, phase): a resumed run samples what an unbroken one would."""
@@ -323,8 +418,11 @@ class RolloutCallback(Callback):
             self._sync(trainer, pl_module)
 
     def _sync(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.ahead is not None and not self.partial_rollouts:  # every request in flight ends on its weights
+            self.ahead.wait_all()
         start = time.perf_counter()
-        sync_weights(_grpo_module(pl_module).policy, self._owned, self.sync_bucket_bytes)  # every rank gathers
+        policy = _grpo_module(pl_module).policy
+        sync_weights(policy, self._owned, self.sync_bucket_bytes, self.trained_steps)  # every rank gathers
         if self._shared:  # no rank may generate from a shared engine before its owner has updated it
             trainer.strategy.barrier("rollout_weight_sync")
         self.totals["syncs"] += 1
@@ -386,10 +484,11 @@ class RolloutCallback(Callback):
     # ------------------------------------------------------------------ checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        return {"totals": dict(self.totals)}
+        return {"totals": dict(self.totals), "trained_steps": self.trained_steps}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.totals.update(state_dict.get("totals", {}))
+        self.trained_steps = int(state_dict.get("trained_steps", 0))
         self._needs_sync = True  # the engines still hold the initial weights; the restored policy differs
         rank_zero_info(
             "RolloutCallback: the engines will be re-synced with the restored policy before the first rollout"
@@ -416,3 +515,25 @@ def _grpo_module(pl_module: L.LightningModule) -> GRPOModule:
     if not isinstance(pl_module, GRPOModule):
         raise TypeError(f"RolloutCallback trains a GRPOModule, not a {type(pl_module).__name__}")
     return pl_module
+
+
+def _reduce(trainer: L.Trainer, device: torch.device, value: float, op: str) -> float:
+    """``value`` summed or maximised over all ranks."""
+    return float(trainer.strategy.reduce(torch.tensor(value, device=device), reduce_op=op))
+
+
+def _check_mode(mode: str, max_staleness: int, partial_rollouts: bool, colocate: bool) -> None:
+    if mode not in ("sync", "async"):
+        raise UserInputError(f"RolloutCallback.mode must be 'sync' or 'async', got {mode!r}")
+    if max_staleness < 0:
+        raise UserInputError(f"RolloutCallback.max_staleness must be >= 0, got {max_staleness}")
+    if partial_rollouts and mode != "async":
+        raise UserInputError(
+            "RolloutCallback.partial_rollouts needs mode: async (sync rollouts never overlap an update)"
+        )
+    if mode == "async" and colocate:
+        raise UserInputError(
+            "RolloutCallback.mode: async generates while the trainer trains, so the engine cannot share the trainer's "
+            "GPU memory (colocate: true)",
+            hint="give the engine GPUs of its own (sglang_http servers), or use mode: sync with colocate",
+        )

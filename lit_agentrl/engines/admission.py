@@ -35,6 +35,9 @@ class TrajectoryTag:
     gate: AdmissionGate
     key: tuple[int, int]
     """(group, sample): the row's index in the rollout and the sample's among the row's."""
+    seed: int | None = None
+    """The rollout's seed: with the key and the request's index it seeds the request's sampling stream (None: the
+    engine's own seed), so rollouts that overlap (``mode: async``) never share or disturb each other's streams."""
 
 
 ROLLOUT_TRAJECTORY: ContextVar[TrajectoryTag | None] = ContextVar("lit_agentrl_rollout_trajectory", default=None)
@@ -64,6 +67,7 @@ class AdmissionGate:
         self._slots: dict[tuple[int, int], asyncio.Future[None]] = {}
         self._outstanding: Counter[tuple[int, int]] = Counter()
         self._requests: Counter[tuple[int, int]] = Counter()
+        self._versions: dict[tuple[int, int], tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ trajectories (event loop thread)
 
@@ -108,6 +112,17 @@ class AdmissionGate:
         """Called before the answer is handed over: from then on its trajectory runs again."""
         with self._condition:
             self._outstanding[key] -= 1
+
+    def note_version(self, key: tuple[int, int], version: int) -> None:
+        """Record that some of the trajectory's tokens came from weights of ``version``."""
+        with self._condition:
+            low, high = self._versions.get(key, (version, version))
+            self._versions[key] = (min(low, version), max(high, version))
+
+    def versions(self, key: tuple[int, int]) -> tuple[int, int] | None:
+        """The oldest and newest weight versions recorded for the trajectory."""
+        with self._condition:
+            return self._versions.get(key)
 
     def quiescent(self) -> bool:
         with self._condition:

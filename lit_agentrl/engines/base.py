@@ -54,6 +54,15 @@ class RolloutEngine(abc.ABC):
     busy_seconds: float | None = None
     """Model compute so far, for the step-time breakdown; None where the engine cannot count it (SGLang)."""
 
+    weight_version: int = 0
+    """Training steps in the weights it generates with, set by :func:`~lit_agentrl.engines.weight_sync.sync_weights`
+    inside the update session; trajectories record it (their staleness in ``mode: async``)."""
+
+    generates_beside_trainer: bool = False
+    """Whether rollouts may run on it while the trainer trains (``RolloutCallback(mode="async")``): it serves requests
+    from any thread's event loop, and a weight update waits for the model step in progress and holds the next ones
+    (:meth:`begin_weight_update`), so no token is generated from half-updated weights."""
+
     @classmethod
     def build(
         cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any

@@ -66,6 +66,8 @@ class _Request:
 
 @register_engine("transformers")
 class TransformersEngine(RolloutEngine):
+    generates_beside_trainer = True  # its own scheduler thread; updates pause it between model steps
+
     """An in-process engine over a Hugging Face causal LM with SGLang's ``Engine`` API.
 
     Args:
@@ -157,6 +159,8 @@ class TransformersEngine(RolloutEngine):
         self.busy_seconds: float = 0.0
         self._waiting: queue.Queue[_Request | None] = queue.Queue()
         self._step_lock = threading.Lock()  # held for each model step and for each weight update
+        self._paused = False  # a weight update is in progress: no model step starts (begin/end_weight_update)
+        self._pause = threading.Condition()
         self._gate: AdmissionGate | None = None  # the rollout whose requests were admitted last (scheduler thread)
         self._stopped = False
         self._thread = threading.Thread(target=self._serve, name="TransformersEngine", daemon=True)
@@ -213,6 +217,19 @@ class TransformersEngine(RolloutEngine):
                 self.prefix_cache.clear()
         return True, f"updated {len(pairs)} tensors"
 
+    def begin_weight_update(self) -> None:
+        """Hold model steps from the one in progress until :meth:`end_weight_update`: requests in flight (rollouts
+        running beside the trainer) continue on the new weights, never on a half-updated mix."""
+        with self._pause:
+            self._paused = True
+        with self._step_lock:  # the step in progress, if any, finishes first
+            pass
+
+    def end_weight_update(self) -> None:
+        with self._pause:
+            self._paused = False
+            self._pause.notify_all()
+
     def get_weights_by_name(self, name: str) -> torch.Tensor:
         """A copy of one weight, by its state-dict name (SGLang offers the same for tests)."""
         with self._step_lock:
@@ -246,6 +263,7 @@ class TransformersEngine(RolloutEngine):
         if self._stopped:
             return
         self._stopped = True
+        self.end_weight_update()
         self._waiting.put(None)
         self._thread.join(timeout=30)
 
@@ -307,7 +325,7 @@ class TransformersEngine(RolloutEngine):
         tag = ROLLOUT_TRAJECTORY.get()
         if tag is not None:  # the trajectory's k-th request: the same stream whenever it arrives
             index = tag.gate.next_request_index(tag.key)
-            stream: Any = (self.seed, *tag.key, index)
+            stream: Any = (self.seed if tag.seed is None else tag.seed, *tag.key, index)
         else:
             index = self._requests_submitted
             stream = (self.seed, index)
@@ -332,6 +350,8 @@ class TransformersEngine(RolloutEngine):
         admission_point = True  # idle, or requests finished in the last step (deterministic mode admits only then)
         while self._drain_queue(pending, block=not (batch.requests or pending)):
             admitted = self._admit(pending, len(batch.requests), admission_point)
+            with self._pause:  # a weight update in progress: the next step waits for all of it
+                self._pause.wait_for(lambda: not self._paused or self._stopped)
             finished = 0
             try:
                 with self._step_lock, torch.inference_mode():
@@ -412,6 +432,8 @@ class TransformersEngine(RolloutEngine):
 
     def _prefill(self, batch: RunningBatch[_Request], admitted: list[_Request]) -> int:
         """Prefill the admitted prompts into the running batch: each distinct prompt once, after its cached prefix."""
+        for request in admitted:
+            self._note_version(request)
         distinct: dict[tuple[int, ...], int] = {}
         rows = [distinct.setdefault(tuple(r.input_ids), len(distinct)) for r in admitted]
         prompts = [list(ids) for ids in distinct]
@@ -499,9 +521,15 @@ class TransformersEngine(RolloutEngine):
         # with this thread's many small tensor operations (measured: 1 s of a 1.9 s multi-turn rollout).
         for _, request, reason in finished:
             request.counts = None
+            self._note_version(request)
             _deliver(request, self._result(request, reason))
         batch.drop([row for row, _, _ in finished])
         return len(finished)
+
+    def _note_version(self, request: _Request) -> None:
+        """Record the weights' version on the request's trajectory (at admission and at its last token)."""
+        if request.tag is not None:
+            request.tag.gate.note_version(request.tag.key, self.weight_version)
 
     @staticmethod
     def _generated_counts(requests: list[_Request], logits: torch.Tensor) -> torch.Tensor | None:

@@ -36,13 +36,19 @@ def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Ite
         yield bucket
 
 
-def sync_weights(model: torch.nn.Module, engines: list[RolloutEngine], bucket_bytes: int = 512 << 20) -> int:
+def sync_weights(
+    model: torch.nn.Module,
+    engines: list[RolloutEngine],
+    bucket_bytes: int = 512 << 20,
+    weight_version: int | None = None,
+) -> int:
     """Copy every parameter of ``model`` into each engine; returns the number of tensors gathered.
 
     Every rank must call this (gathering is collective), with the engines it owns (none: it gathers without
     sending, as a rank whose engine another rank updates). Each engine gets one weight-update session
     (``begin_weight_update``/``end_weight_update``, SGLang's; a no-op elsewhere) around all buckets. Raises
-    ``RuntimeError`` with the engine's message when an update fails.
+    ``RuntimeError`` with the engine's message when an update fails. ``weight_version`` (training steps in the
+    weights) is set on each engine inside its session, with the weights.
     """
     for engine in engines:
         engine.begin_weight_update()
@@ -54,6 +60,9 @@ def sync_weights(model: torch.nn.Module, engines: list[RolloutEngine], bucket_by
                 if not ok:
                     raise RuntimeError(f"weight sync failed after {gathered} tensors: {message}")
             gathered += len(bucket)
+        if weight_version is not None:
+            for engine in engines:
+                engine.weight_version = weight_version
     finally:
         for engine in engines:
             engine.end_weight_update()

@@ -7,6 +7,7 @@ counts overlap freely, so a slow tool call or a long answer never holds up the r
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import math
@@ -27,6 +28,7 @@ from lit_agentrl.engines.admission import ROLLOUT_TRAJECTORY, AdmissionGate, Tra
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.rewards import RewardFn, resolve_reward_fn
+from lit_agentrl.rollout.background import BackgroundLoop
 from lit_agentrl.rows import agent_run_kwargs
 from lit_agentrl.types import AGENT_METRICS_FIELD, RolloutBatch, RolloutStats, Trajectory
 
@@ -92,38 +94,72 @@ class RolloutManager:
         self.reward_workers = reward_workers
         self._reward_pool: ThreadPoolExecutor | None = None  # started on the first reward, stopped by close()
         self._reward_lock = threading.Lock()  # guards _reward_seconds, added to from the reward threads
+        self._background: BackgroundLoop | None = None  # started by the first submit()
 
     # ------------------------------------------------------------------ entry points
 
     def generate(
-        self, rows: Sequence[Mapping[str, Any]], n_samples: int, sampling_params: Mapping[str, Any]
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        n_samples: int,
+        sampling_params: Mapping[str, Any],
+        seed: int | None = None,
     ) -> RolloutBatch:
-        """Blocking :meth:`agenerate` on one event loop kept across calls: the engine's own when it has
-        one (an in-process SGLang engine serves every request from its loop), else the manager's."""
+        """Blocking :meth:`agenerate` on one event loop kept across calls: the background loop once
+        :meth:`submit` has started it, else the engine's own when it has one (an in-process SGLang engine serves
+        every request from its loop), else the manager's."""
+        if self._background is not None:
+            return self.submit(rows, n_samples, sampling_params, seed).result()
         if self._loop is None or self._loop.is_closed():
             engine_loop = next((e.loop for e in self.engines if e.loop is not None), None)
             self._loop = engine_loop or asyncio.new_event_loop()
-        return self._loop.run_until_complete(self.agenerate(rows, n_samples, sampling_params))
+        return self._loop.run_until_complete(self.agenerate(rows, n_samples, sampling_params, seed))
+
+    def submit(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        n_samples: int,
+        sampling_params: Mapping[str, Any],
+        seed: int | None = None,
+    ) -> concurrent.futures.Future[RolloutBatch]:
+        """Start :meth:`agenerate` on the manager's background thread and return at once (rollouts beside the
+        trainer, ``RolloutCallback(mode="async")``). Needs engines that can generate beside the trainer; from the
+        first call on, :meth:`generate` runs on that thread too."""
+        return self.start_background().submit(self.agenerate(rows, n_samples, sampling_params, seed))
+
+    def start_background(self) -> BackgroundLoop:
+        """The background thread's loop, started on first use (refused for engines that cannot serve it)."""
+        if self._background is None:
+            self._background = BackgroundLoop(self.engines)
+        return self._background
 
     async def agenerate(
-        self, rows: Sequence[Mapping[str, Any]], n_samples: int, sampling_params: Mapping[str, Any]
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        n_samples: int,
+        sampling_params: Mapping[str, Any],
+        seed: int | None = None,
     ) -> RolloutBatch:
-        """``n_samples`` trajectories per row, row-major, with their statistics."""
+        """``n_samples`` trajectories per row, row-major, with their statistics. ``seed`` seeds the rollout's
+        sampling streams (with each trajectory's key) on engines that take it, whatever else runs beside it."""
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
         SamplingParams.from_dict(sampling_params)  # fail before any trajectory starts
         keys = [(group, sample) for group in range(len(rows)) for sample in range(n_samples)]
         gate = self._gate(keys)
         start, self._reward_seconds = time.perf_counter(), 0.0
-        tasks = [self._run_one(rows[g], TrajectoryTag(gate, (g, s)), dict(sampling_params)) for g, s in keys]
+        tasks = [self._run_one(rows[g], TrajectoryTag(gate, (g, s), seed), dict(sampling_params)) for g, s in keys]
         trajectories = list(await asyncio.gather(*tasks))
         stats = summarize(trajectories, time.perf_counter() - start)
         stats.reward_seconds = self._reward_seconds
         return RolloutBatch(trajectories, stats)
 
     def close(self) -> None:
-        """Stop the reward threads and close the manager's event loop (engines, and their loops, are owned and shut
-        down by the caller)."""
+        """Stop the background thread (cancelling its rollouts), the reward threads and the manager's event loop
+        (engines, and their loops, are owned and shut down by the caller)."""
+        if self._background is not None:
+            self._background.stop()
+            self._background = None
         if self._reward_pool is not None:
             self._reward_pool.shutdown(wait=True)
             self._reward_pool = None
@@ -144,6 +180,7 @@ class RolloutManager:
         start = time.perf_counter()
         await tag.gate.acquire(tag.key)
         engine_index = self._route(group)
+        tag.gate.note_version(tag.key, self.engines[engine_index].weight_version)
         self._outstanding[engine_index] += 1
         try:
             try:
@@ -175,7 +212,9 @@ class RolloutManager:
                 failure_traceback=_traceback_with_agent_line(exc, agent_name),
                 seconds=_since(start),
             )
-        return _to_trajectory(output, group, sample, agent_name, reward, _since(start))
+        trajectory = _to_trajectory(output, group, sample, agent_name, reward, _since(start))
+        trajectory.weight_versions = tag.gate.versions(tag.key)
+        return trajectory
 
     @property
     def _fixed_routes(self) -> bool:

@@ -1,0 +1,92 @@
+"""Rollouts generated ahead of the steps that train on them (``RolloutCallback(mode="async")``).
+
+While step k trains, the rollouts of steps k+1 ... k+depth run on the engine (on the rollout manager's background
+thread). Each is keyed by its batch's place in the data stream (epoch, index), which Lightning will fetch in order;
+the loader's position only moves when a batch is trained, so a run killed with rollouts in flight regenerates them
+on resume, losing and repeating no prompt. A trajectory records the weight versions it was generated with; one more
+than ``max_staleness`` steps older than the policy that trains on it is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lit_agentrl.types import PromptBatch, RolloutBatch, Trajectory
+
+BatchKey = tuple[int, int]
+Submit = Callable[[PromptBatch], "concurrent.futures.Future[RolloutBatch]"]
+
+
+@dataclass
+class Staleness:
+    """How old a step's trajectories were: steps between their oldest tokens' weights and the training policy."""
+
+    kept: list[Trajectory]
+    values: list[int]
+    """Staleness of every trajectory that recorded its weight versions (kept or dropped)."""
+    dropped: int
+    partial: int
+    """Trajectories continued across a weight update (their oldest and newest versions differ)."""
+
+
+class RolloutsAhead:
+    """The rollouts in flight for coming steps, by batch key.
+
+    Args:
+        depth: how many steps ahead to generate (0: each step's rollout starts when the step does, as in sync mode).
+    """
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.pending: dict[BatchKey, concurrent.futures.Future[RolloutBatch]] = {}
+
+    def take(self, batch: PromptBatch, submit: Submit) -> tuple[RolloutBatch, float]:
+        """The batch's rollout (started now if it was not ahead), and the seconds spent waiting for it."""
+        future = self.pending.pop(_key(batch), None) or submit(batch)
+        start = time.perf_counter()
+        rollout = future.result()
+        return rollout, time.perf_counter() - start
+
+    def fill(
+        self, batch: PromptBatch, after: Callable[[PromptBatch, int], PromptBatch], submit: Submit, limit: int
+    ) -> None:
+        """Start the rollouts of the ``depth`` batches after ``batch`` (at most ``limit``: the run's steps left) that
+        are not running yet."""
+        for ahead in range(1, min(self.depth, limit) + 1):
+            coming = after(batch, ahead)
+            if _key(coming) not in self.pending:
+                self.pending[_key(coming)] = submit(coming)
+
+    def wait_all(self) -> None:
+        """Wait until every rollout in flight has finished (their results stay for their steps)."""
+        concurrent.futures.wait(self.pending.values())
+
+    def cancel(self) -> None:
+        for future in self.pending.values():
+            future.cancel()
+        self.pending.clear()
+
+
+def split_stale(trajectories: list[Trajectory], version: int, max_staleness: int) -> Staleness:
+    """Keep the trajectories at most ``max_staleness`` versions older than ``version``, the training policy's."""
+    kept, values, dropped, partial = [], [], 0, 0
+    for t in trajectories:
+        if t.weight_versions is None:  # failed before generating, or an engine that records none
+            kept.append(t)
+            continue
+        oldest, newest = t.weight_versions
+        staleness = version - oldest
+        values.append(staleness)
+        partial += int(newest != oldest)
+        if staleness > max_staleness:
+            dropped += 1
+        else:
+            kept.append(t)
+    return Staleness(kept, values, dropped, partial)
+
+
+def _key(batch: PromptBatch) -> BatchKey:
+    return batch.epoch, batch.index

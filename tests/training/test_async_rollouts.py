@@ -1,0 +1,161 @@
+"""RolloutCallback(mode="async"): rollouts of the next steps while this one trains, with bounded staleness."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from support import REPO_ROOT, quick_config, read_csv
+from transformers import AutoModelForCausalLM
+
+from lit_agentrl.callbacks import RolloutCallback
+from lit_agentrl.cli import main
+from lit_agentrl.errors import UserInputError
+
+STEPS = 5
+TRAINING = REPO_ROOT / "tests" / "training"
+CORRECTED = {"old_logprobs": "trainer", "rollout_correction": "tis"}
+
+
+def async_config(folder, model_dir, *, mode="async", model=None, steps=STEPS, **rollout):
+    """The quickstart's shape with the rollout callback in ``mode``, the final weights exported to ``folder/hf``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    export = {
+        "class_path": "lit_agentrl.callbacks.export.HFExportCallback",
+        "init_args": {"dirpath": str(folder / "hf")},
+    }
+    record = {"class_path": "probes.PromptRecorder", "init_args": {"path": str(folder / "prompts.jsonl")}}
+    path = quick_config(folder, model_dir, steps, [export, record], engine_kwargs={"deterministic": True})
+    config = yaml.safe_load(path.read_text())
+    config["trainer"]["callbacks"][0]["init_args"].update(mode=mode, **rollout)
+    config["model"].update(model or {})
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def final_weights(folder):
+    return AutoModelForCausalLM.from_pretrained(folder / "hf" / "final").state_dict()
+
+
+def step_rows(folder):
+    return [r for r in read_csv(next((folder / "logs").rglob("metrics.csv"))) if r.get("rollout/reward_mean")]
+
+
+@pytest.fixture(autouse=True)
+def probes_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(TRAINING))
+
+
+@pytest.mark.slow
+def test_async_with_max_staleness_0_trains_exactly_what_sync_trains(tmp_path, quickstart_model_dir):
+    main(["fit", "--config", str(async_config(tmp_path / "sync", quickstart_model_dir, mode="sync"))])
+    config = async_config(tmp_path / "async", quickstart_model_dir, max_staleness=0)
+    main(["fit", "--config", str(config)])
+    a, b = final_weights(tmp_path / "sync"), final_weights(tmp_path / "async")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "sync" / "prompts.jsonl").read_text() == (tmp_path / "async" / "prompts.jsonl").read_text()
+    rows = step_rows(tmp_path / "async")
+    assert [float(r["rollout/staleness_max"]) for r in rows] == [0.0] * STEPS
+
+
+@pytest.mark.slow
+def test_one_step_ahead_trains_on_one_update_old_trajectories(tmp_path, quickstart_model_dir):
+    config = async_config(tmp_path, quickstart_model_dir, max_staleness=1, model=CORRECTED)
+    main(["fit", "--config", str(config)])
+    rows = step_rows(tmp_path)
+    # Step 0's rollout could not start earlier; every later one ran during the step before, on weights one older.
+    assert [float(r["rollout/staleness_mean"]) for r in rows] == [0.0] + [1.0] * (STEPS - 1)
+    assert all(float(r["rollout/dropped_stale"]) == 0 and float(r["rollout/partial_frac"]) == 0 for r in rows)
+    assert all(float(r["time/wait_rollout_s"]) >= 0 for r in rows)
+    assert all(float(r["rollout/trajectories"]) == 16 for r in rows)
+
+
+@pytest.mark.slow
+def test_partial_rollouts_generate_two_steps_ahead_within_the_staleness_bound(tmp_path, quickstart_model_dir):
+    config = async_config(tmp_path, quickstart_model_dir, max_staleness=2, partial_rollouts=True, model=CORRECTED)
+    main(["fit", "--config", str(config)])
+    rows = step_rows(tmp_path)
+    assert [float(r["rollout/staleness_max"]) for r in rows][:2] == [0.0, 1.0]
+    assert all(float(r["rollout/staleness_max"]) <= 2 and float(r["rollout/dropped_stale"]) == 0 for r in rows)
+    assert all(0.0 <= float(r["rollout/partial_frac"]) <= 1.0 for r in rows)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+def test_sigkill_during_an_async_run_loses_and_repeats_no_prompt(tmp_path, quickstart_model_dir):
+    def launch(folder, *extra):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRAINING), str(REPO_ROOT)])}
+        config = folder / "config.yaml"
+        args = [sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(config), *extra]
+        return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    for name in ("straight", "crashed"):
+        async_config(tmp_path / name, quickstart_model_dir, max_staleness=1, model=CORRECTED, steps=6)
+        config = yaml.safe_load((tmp_path / name / "config.yaml").read_text())
+        config["trainer"]["callbacks"].append(
+            {
+                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {"dirpath": str(tmp_path / name / "ckpt"), "every_n_train_steps": 1, "save_top_k": -1},
+            }
+        )
+        config["trainer"]["enable_checkpointing"] = True
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config))
+    assert launch(tmp_path / "straight").wait(timeout=400) == 0
+    process = launch(tmp_path / "crashed")
+    prompts = tmp_path / "crashed" / "prompts.jsonl"
+    deadline = time.monotonic() + 400
+    while (not prompts.exists() or len(prompts.read_text().splitlines()) < 4) and process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)  # step 3 trains; step 4's rollout is in flight
+    process.wait(timeout=60)
+    checkpoints = sorted((tmp_path / "crashed" / "ckpt").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    resumed = launch(tmp_path / "crashed", "--ckpt_path", str(checkpoints[-1]))
+    _, err = resumed.communicate(timeout=400)
+    assert resumed.returncode == 0, err[-3000:]
+
+    def trained(folder):  # step -> prompts of the step finally trained (a step redone after the crash overwrites)
+        records = [yaml.safe_load(line) for line in (folder / "prompts.jsonl").read_text().splitlines()]
+        return {r["step"]: r["prompts"] for r in records}
+
+    assert trained(tmp_path / "crashed") == trained(tmp_path / "straight")
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"mode": "later"}, "mode must be 'sync' or 'async'"),
+        ({"mode": "async", "max_staleness": -1}, "max_staleness must be >= 0"),
+        ({"partial_rollouts": True}, "partial_rollouts needs mode: async"),
+        ({"mode": "async", "colocate": True}, "cannot share the trainer's GPU memory"),
+    ],
+)
+def test_impossible_async_settings_are_refused(kwargs, fragment):
+    with pytest.raises(UserInputError, match=fragment):
+        RolloutCallback(**kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "rollout, model, data, fragment",
+    [
+        ({"max_staleness": 1}, {}, {}, "needs the off-policy correction, model.rollout_correction"),
+        ({"max_staleness": 0}, {}, {"dynamic_sampling": True}, "does not combine with data.dynamic_sampling"),
+    ],
+)
+def test_async_refuses_at_setup_what_it_cannot_train_correctly(
+    tmp_path, quickstart_model_dir, capsys, rollout, model, data, fragment
+):
+    config = async_config(tmp_path, quickstart_model_dir, model=model, **rollout)
+    settings = yaml.safe_load(config.read_text())
+    settings["data"].update(data)
+    config.write_text(yaml.safe_dump(settings))
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config)])
+    assert fragment in capsys.readouterr().err
