@@ -11,12 +11,16 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
@@ -32,6 +36,7 @@ from lit_agentrl.batching import (
     split_mini_batches,
 )
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.evaluation import EvalResult, PassAtK
 from lit_agentrl.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
 from lit_agentrl.logprobs import check_chunked_head, model_token_logprobs, relative_difference
 from lit_agentrl.losses import LossScale, TokenLogProbs
@@ -110,6 +115,9 @@ class GRPOModule(L.LightningModule):
         truncated, overlong_max_length, overlong_buffer, overlong_penalty_factor: what trajectories cut by the
             length limit get: ``keep`` (trained as they are), ``mask`` (no loss), ``penalty`` (DAPO's soft overlong
             penalty); see :class:`~lit_agentrl.batching.Overlong`.
+        val_pass_k: the k of the validation's ``pass@k``, ``maj@k`` and ``mean@k`` (logged per ``data_source`` and
+            written as a table, see :mod:`lit_agentrl.evaluation`); default ``[1]``; each at most
+            ``RolloutCallback.val_n_samples``.
     """
 
     def __init__(
@@ -146,6 +154,7 @@ class GRPOModule(L.LightningModule):
         overlong_max_length: int | None = None,
         overlong_buffer: int = 0,
         overlong_penalty_factor: float = 1.0,
+        val_pass_k: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.update = UpdateSettings(
@@ -166,6 +175,10 @@ class GRPOModule(L.LightningModule):
         self.skipped_steps = 0
         self.val_accuracy = MeanMetric()
         self.val_reward = MeanMetric()
+        self.val_pass_k = list(val_pass_k or [1])
+        if any(k < 1 for k in self.val_pass_k):
+            raise UserInputError(f"model.val_pass_k values must be >= 1, got {self.val_pass_k}")
+        self.val_eval = PassAtK(self.val_pass_k)
 
     # ------------------------------------------------------------------ model and optimizer
 
@@ -417,6 +430,51 @@ class GRPOModule(L.LightningModule):
             self.val_reward.update(rewards if ok else torch.zeros_like(rewards))
         self.log("val/accuracy", self.val_accuracy, on_epoch=True, prog_bar=True, batch_size=len(rewards))
         self.log("val/reward_mean", self.val_reward, on_epoch=True, batch_size=len(rewards))
+        self.val_eval.update(batch.rows, batch.rollout.trajectories, self._default_reward())
+
+    def setup(self, stage: str) -> None:
+        self._check_val_pass_k()
+
+    def on_validation_start(self) -> None:
+        self.val_eval.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        result = self.val_eval.compute()  # collective: every rank's per-data_source sums, added up
+        self.val_eval.reset()
+        # Already the same on every rank; "max" keeps them exact where Lightning wants a sync at epoch level.
+        self.log_dict(result.metrics("val"), on_epoch=True, sync_dist=True, reduce_fx="max", batch_size=1)
+        if self.trainer.is_global_zero and not self.trainer.sanity_checking:
+            self._report_table(result)
+
+    def _report_table(self, result: EvalResult) -> None:
+        """Write the table under ``<log_dir>/eval/``, send it to wandb, and print it when only validating."""
+        trainer = self.trainer
+        first = trainer.loggers[0] if trainer.loggers else None
+        folder = getattr(first, "log_dir", None) or getattr(first, "save_dir", None) or trainer.default_root_dir
+        path = result.write(Path(folder) / "eval", trainer.global_step)
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_table("val/table", columns=result.columns, data=result.rows(), step=trainer.global_step)
+        if trainer.state.fn == TrainerFn.VALIDATING:
+            print(f"{result.markdown()}\n(table: {path})")
+        else:  # fit: one line, the metrics are in the logs
+            rank_zero_info(f"validation at step {trainer.global_step}: table {path}")
+
+    def _check_val_pass_k(self) -> None:
+        from lit_agentrl.callbacks.rollout import RolloutCallback  # here: that module imports this one
+
+        callbacks = getattr(self.trainer, "callbacks", [])  # set by the Trainer's connector (unseen by mypy)
+        n = next((c.val_n_samples for c in callbacks if isinstance(c, RolloutCallback)), None)
+        if n is not None and max(self.val_pass_k) > n:
+            raise UserInputError(
+                f"model.val_pass_k={self.val_pass_k} needs k <= RolloutCallback.val_n_samples={n} (the samples per "
+                "validation prompt)",
+                hint=f"set val_n_samples >= {max(self.val_pass_k)} or drop the larger k from model.val_pass_k",
+            )
+
+    def _default_reward(self) -> str | None:
+        """The data module's default reward name (how answers of rows without a known data_source are read)."""
+        return getattr(getattr(self._trainer, "datamodule", None), "reward_fn", None)
 
     # ------------------------------------------------------------------ checkpoint
 
