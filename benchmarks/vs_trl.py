@@ -105,8 +105,10 @@ StepClock = _lightning_clock()
 
 # ------------------------------------------------------------------------------------------------- workers
 def run_ours(
-    model_dir: Path, work: Path, scenario: str, steps: int, lr: float, seed: int, clock: Path, old_logprobs: str
+    model_dir: Path, work: Path, scenario: str, steps: int, lr: float, seed: int, clock: Path, side: str
 ) -> Path:
+    """The config of one of our sides: ``ours`` (sync, the engine's old log-probs), ``ours_trainer`` (the trainer's)
+    or ``ours_async`` (one step ahead, ``max_staleness: 1``, with the off-policy correction it needs)."""
     import yaml
     from transformers import AutoTokenizer
 
@@ -146,7 +148,13 @@ def run_ours(
             "callbacks": [
                 {
                     "class_path": "lit_agentrl.callbacks.RolloutCallback",
-                    "init_args": {"n_samples": N_SAMPLES, "sampling_params": sampling, "check_template_drift": False},
+                    "init_args": {
+                        "n_samples": N_SAMPLES,
+                        "sampling_params": sampling,
+                        "check_template_drift": False,
+                        "mode": "async" if side == "ours_async" else "sync",
+                        "max_staleness": 1,
+                    },
                 },
                 {
                     "class_path": "vs_trl.StepClock",
@@ -159,7 +167,8 @@ def run_ours(
             "lr": lr,
             "kl_coef": 0.0,
             "grad_clip": 1.0,
-            "old_logprobs": old_logprobs,
+            "old_logprobs": "engine" if side == "ours" else "trainer",
+            "rollout_correction": "tis" if side == "ours_async" else None,
         },
         "data": {
             "train_files": str(data),
@@ -321,13 +330,16 @@ def main() -> None:
         if shutil.which("lit-agentrl")
         else [sys.executable, "-c", "from lit_agentrl.cli import main; main()"]
     )
-    # "ours_trainer": ours with model.old_logprobs: trainer (one more forward per step than the engine's own).
-    sides = ("ours", "ours_trainer", "floor") if args.no_trl else ("ours", "ours_trainer", "trl", "floor")
+    # "ours_trainer": ours with model.old_logprobs: trainer (one more forward per step than the engine's own);
+    # "ours_async": the next step's rollout while this one trains (RolloutCallback mode: async, max_staleness: 1).
+    ours_sides = ("ours", "ours_trainer", "ours_async")
+    sides = (*ours_sides, "floor") if args.no_trl else (*ours_sides, "trl", "floor")
     results: dict[str, dict[str, Any]] = {}
     for scenario in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
         res = results[scenario] = {
             "ours": [],
             "ours_trainer": [],
+            "ours_async": [],
             "trl": [],
             "floor": [],
             "trl_length": [],
@@ -339,9 +351,8 @@ def main() -> None:
                 work = root / f"{scenario}-{'ours' if side == 'floor' else side}-{rnd}"  # the floor reads ours' steps
                 work.mkdir(parents=True, exist_ok=True)
                 clock = work / ("floor.json" if side == "floor" else "clock.json")
-                if side in ("ours", "ours_trainer"):
-                    old = "trainer" if side == "ours_trainer" else "engine"
-                    config = run_ours(model_dir, work, scenario, args.steps, args.lr, args.seed + rnd, clock, old)
+                if side in ours_sides:
+                    config = run_ours(model_dir, work, scenario, args.steps, args.lr, args.seed + rnd, clock, side)
                     cmd = [*cli, "fit", "--config", str(config)]
                 else:
                     cmd = [
@@ -430,6 +441,15 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
     for scenario, res in results.items():
         ours, trainer = med(res["ours"]), med(res["ours_trainer"])
         print(f"{scenario:<9} engine {ours:>6.2f}  trainer {trainer:>6.2f}  trainer/engine {trainer / ours:>5.2f}")
+    print(
+        "\nasync (median s/step): the next step's rollout while this one trains (mode: async, max_staleness: 1, with the "
+        "trainer's old log-probs and TIS), against sync with the same loss and against TRL"
+    )
+    for scenario, res in results.items():
+        sync, ahead, trl = med(res["ours_trainer"]), med(res["ours_async"]), med(res["trl"])
+        print(
+            f"{scenario:<9} sync {sync:>6.2f}  async {ahead:>6.2f}  async/sync {ahead / sync:>5.2f}  async/TRL {ahead / trl:>5.2f}"
+        )
 
 
 if __name__ == "__main__":
