@@ -10,7 +10,14 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
 
+import tempfile
+
+from hypothesis.configuration import set_hypothesis_home_dir
+
 from lit_agentrl.models.tiny import save_tiny_model
+
+# Hypothesis keeps its examples and caches in ./.hypothesis: keep the checkout clean of what tests write.
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "lit-agentrl-hypothesis")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

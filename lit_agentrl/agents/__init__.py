@@ -1,7 +1,7 @@
 """The agent-author API (the seed's contract): register a LangGraph ``AgentGraph`` under an ``agent_name``."""
 
 from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput, BaseAgentGraph
-from lit_agentrl.agents.chat_model import ChatModel, CustomChatModel
+from lit_agentrl.agents.chat_model import ChatModel, CustomChatModel, find_first_ai_index, find_last_ai_index
 from lit_agentrl.agents.config import cfg_get, load_agent_cfg
 from lit_agentrl.agents.drift import count_template_drift
 from lit_agentrl.agents.registry import get_agent_class, import_agent_modules, register, registered_agents
@@ -17,6 +17,8 @@ __all__ = [
     "CustomChatModel",
     "cfg_get",
     "count_template_drift",
+    "find_first_ai_index",
+    "find_last_ai_index",
     "get_agent_class",
     "import_agent_modules",
     "load_agent_cfg",

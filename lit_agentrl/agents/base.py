@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from lit_agentrl.agents.chat_model import ChatModel, find_last_ai_index
 from lit_agentrl.agents.drift import count_template_drift
+from lit_agentrl.agents.multimodal import infer_model_type
 
 
 class AgentGraphOutput(BaseModel):
@@ -53,7 +54,9 @@ class AgentGraph(ABC):
         cfg: the YAML at the row's ``agent_cfg_path`` (``cfg.xxx``/``cfg["xxx"]``), None without one.
         llm: the rollout engine (SGLang's ``Engine`` API).
         tokenizer: the policy's tokenizer, with its chat template.
-        processor: kept for the seed's signature and for vision-language agents; None for text models.
+        processor: a vision-language policy's processor (the seed's signature); None for text models.
+        model_type: the policy's Hugging Face ``model_type`` (``self.model_type``, e.g. ``"qwen2_5_vl"``); by
+            default read from the ``config.json`` beside the processor or tokenizer, None when there is none.
 
     Subclasses implement :meth:`build_graph` and ``async run(messages, sampling_params, **kwargs)``; every
     field of the dataset row reaches ``run`` as a keyword argument (the ground truth also as
@@ -80,6 +83,7 @@ class AgentGraph(ABC):
         llm: Any,
         tokenizer: Any,
         processor: Any = None,
+        model_type: str | None = None,
         **kwargs: Any,
     ) -> None:
         self.agent_name = agent_name
@@ -87,6 +91,7 @@ class AgentGraph(ABC):
         self.llm = llm
         self.tokenizer = tokenizer
         self.processor = processor
+        self.model_type = model_type if model_type is not None else infer_model_type(processor, tokenizer)
         self.kwargs = kwargs
 
     def make_chat_model(self) -> ChatModel:

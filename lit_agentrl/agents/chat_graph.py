@@ -2,8 +2,8 @@
 
 :class:`ChatAgentGraph` is the base of ``single_turn`` and of the tool-loop agents (``matheval_agent``,
 ``mathcode_agent``): it builds its graph when constructed, starts the graph with the model node
-:data:`MODEL_NODE` (:meth:`ChatAgentGraph.call_model`), and runs it with the sampling parameters in
-``config["configurable"]``.
+:data:`MODEL_NODE` (:meth:`ChatAgentGraph.call_model`), and runs it with the sampling parameters and the chat model
+in ``config["configurable"]`` (the keys the seed's graphs read).
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ class ChatAgentGraph(AgentGraph):
     async def invoke_graph(
         self, messages: Sequence[Any], sampling_params: dict[str, Any], **configurable: Any
     ) -> dict[str, Any]:
-        """Run ``self.graph`` on ``messages``; the nodes find ``sampling_params`` and ``configurable`` in
-        ``config["configurable"]``. Returns the final state (``{"messages": [...]}``)."""
-        config: RunnableConfig = {"configurable": {"sampling_params": sampling_params, **configurable}}
+        """Run ``self.graph`` on ``messages``; the nodes find ``sampling_params``, ``chat_model`` (``self.chatmodel``)
+        and ``configurable`` in ``config["configurable"]``. Returns the final state (``{"messages": [...]}``)."""
+        base = {"chat_model": self.chatmodel, "sampling_params": sampling_params}
+        config: RunnableConfig = {"configurable": {**base, **configurable}}
         state: dict[str, Any] = await self.graph.ainvoke({"messages": list(messages)}, config=config)
         return state

@@ -23,6 +23,7 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from lit_agentrl.agents.multimodal import encode_multimodal, first_image_message
 from lit_agentrl.agents.tool_parser import parse_tool_calls
 from lit_agentrl.engines.base import output_logprobs
 
@@ -30,6 +31,11 @@ _PROMPT_CACHE_SIZE = 4096
 
 # Stands in for an assistant turn's content when rendering the template, to find where that turn's text ends.
 _TURN_MARKER = "\u2063LITAGENTRL_TURN\u2063"
+
+
+def find_first_ai_index(messages: Sequence[Any]) -> int:
+    """Index of the first assistant message, or -1."""
+    return next((i for i, message in enumerate(messages) if getattr(message, "type", None) == "ai"), -1)
 
 
 def find_last_ai_index(messages: Sequence[Any]) -> int:
@@ -52,9 +58,12 @@ class ChatModel(BaseChatModel):
         model: a name for the model (``model_name``).
         llm: the rollout engine.
         tokenizer: the policy tokenizer, with a chat template.
-        processor: kept for the seed's signature and for vision-language agents; None for text models.
+        processor: a vision-language policy's processor; None for text models. A message with image content
+            fails the call with a clear error (rendering images: :func:`~lit_agentrl.agents.multimodal.encode_multimodal`).
+        model_type: the policy's Hugging Face ``model_type`` (e.g. ``"qwen2_5_vl"``), for the seed's signature.
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
-        max_parallel_calls: keep at most this many tool calls per turn (None keeps all).
+        max_parallel_calls: keep at most this many tool calls per turn (the seed's default, 1; None keeps all).
+            The turn's tokens are kept as generated; only the calls beyond the limit go unanswered.
 
     ``await model.ainvoke(messages, sampling_params={...})`` returns an ``AIMessage`` with parsed
     ``tool_calls``/``invalid_tool_calls`` and ``response_metadata`` holding ``token_ids``, ``loss_mask``,
@@ -68,8 +77,9 @@ class ChatModel(BaseChatModel):
     llm: Any
     tokenizer: Any
     processor: Any = None
+    model_type: str | None = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=lambda: {"enable_thinking": False})
-    max_parallel_calls: int | None = None
+    max_parallel_calls: int | None = 1
     _prompt_cache: dict[str, list[int]] = PrivateAttr(default_factory=dict)
 
     @property
@@ -145,6 +155,8 @@ class ChatModel(BaseChatModel):
         """The engine input for ``messages``: (token_ids, loss_mask, logprobs, prompt_length)."""
         if not messages:
             raise ValueError("ChatModel got no messages")
+        if first_image_message(messages) is not None:  # never render an image as text, or drop it
+            return encode_multimodal(self.model_name, self.processor, messages, tools)
         last_ai = find_last_ai_index(messages)
         if last_ai < 0:
             ids = self.render_ids(convert_to_openai_messages(messages), tools, add_generation_prompt=True)

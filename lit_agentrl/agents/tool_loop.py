@@ -4,6 +4,10 @@
 ``cfg.max_ai_message_turn`` model turns, or past ``cfg.max_total_token_length`` tokens. Subclasses name their
 ``tools`` and say how one call runs (:meth:`ToolLoopAgentGraph.run_tool`); malformed calls are answered with
 the parser's error, so the model can correct itself.
+
+Every tool call of a turn is answered (``cfg.max_parallel_calls``: at most this many; null, the default, for all).
+The seed's ``CustomChatModel`` keeps one call per turn; an agent built on :class:`~lit_agentrl.agents.ChatModel`
+directly gets that default too.
 """
 
 from __future__ import annotations
@@ -44,11 +48,14 @@ class ToolLoopAgentGraph(ChatAgentGraph):
     ) -> None:
         self.max_turns = int(cfg_get(cfg, "max_ai_message_turn", self.default_max_turns))
         self.max_tokens = int(cfg_get(cfg, "max_total_token_length", DEFAULT_MAX_TOTAL_TOKEN_LENGTH))
+        calls = cfg_get(cfg, "max_parallel_calls", None)
+        self.max_parallel_calls = None if calls is None else int(calls)
         super().__init__(agent_name, cfg, llm, tokenizer, processor, **kwargs)
 
     def build_graph(self) -> Any:
         self.tools_by_name = {t.name: t for t in self.tools}
-        self.chatmodel = self.make_chat_model().bind_tools(self.tools)
+        model = self.make_chat_model().model_copy(update={"max_parallel_calls": self.max_parallel_calls})
+        self.chatmodel = model.bind_tools(self.tools)
         workflow = self.chat_workflow()
         workflow.add_node(TOOLS_NODE, self._call_tools)
         workflow.add_conditional_edges(MODEL_NODE, self._should_continue, {"continue": TOOLS_NODE, "end": END})
@@ -61,8 +68,9 @@ class ToolLoopAgentGraph(ChatAgentGraph):
         raise NotImplementedError
 
     def run_config(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """What the nodes need from the row (``config["configurable"]``), beside the sampling parameters."""
-        return {}
+        """What the nodes need from the row (``config["configurable"]``), beside the sampling parameters and the chat
+        model: by default the row's ``ground_truth`` (as the seed's graphs pass it)."""
+        return {"ground_truth": kwargs.get("ground_truth")}
 
     async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:
         state = await self.invoke_graph(messages, sampling_params, **self.run_config(kwargs))

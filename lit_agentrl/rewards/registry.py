@@ -19,7 +19,7 @@ _REGISTRY: dict[str, RewardFn] = {}
 
 # Substring of a dataset's ``data_source`` that selects a registered reward
 # even when the source is not itself a registered name.
-_DATA_SOURCE_ALIASES: tuple[tuple[str, str], ...] = (("math", "math"),)
+_DATA_SOURCE_ALIASES: tuple[tuple[str, str], ...] = (("math", "math"), ("geometry3k", "geo3k"))
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:

@@ -1,0 +1,158 @@
+"""Convert the Geometry3K parquet dataset into agent-task JSONL files (the seed's ``geo3k_agent.py`` preprocessing).
+
+Usage:
+    python data/prepare_geo3k.py --input_dir DIR --local_dir DIR \
+        [--agent_name geo3k_agent] [--agent_cfg_path configs/agents/geo3k.yaml]
+
+``--input_dir`` is a local copy of ``hiyouga/geometry3k``: parquet files for the ``train`` and ``test`` splits, in
+the Hub layout (``data/train-00000-of-00001.parquet``) or flat (``train.parquet``). Required columns: ``images``
+(a list of ``{"bytes", "path"}`` images), ``problem`` (with an ``<image>`` placeholder where the figure goes) and
+``answer``.
+
+For each split a ``<split>.jsonl`` file is written into ``--local_dir``, and the split's images into
+``--local_dir/images/<split>/`` (one file per image, named ``<index>-<k>`` with the image's own format suffix);
+each line is one row::
+
+    {"data_source": "hiyouga/geometry3k",
+     "agent_name": "geo3k_agent",
+     "agent_cfg_path": "configs/agents/geo3k.yaml",
+     "prompt": [{"role": "user", "content": problem + " " + INSTRUCTION}],
+     "images": ["/abs/local_dir/images/train/0-0.png"],
+     "reward_model": {"style": "rule", "ground_truth": answer},
+     "extra_info": {"split": "train", "index": i, "answer": answer, "question": problem}}
+
+Images are stored as absolute paths (JSON has no bytes), so the rows work from any working directory; move the
+folder and rerun the script. The ``<image>`` placeholder stays in the prompt text, as in the seed's rows: the agent
+turns it into an image part. Rows with no answer or with an image that has neither bytes nor an existing file are
+skipped and reported on stderr. ``data_source`` selects the ``geo3k`` reward. The script needs ``pyarrow`` (and
+``hf_parquet.py`` beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # hf_parquet.py, also when loaded by path
+
+from hf_parquet import check_columns, find_split_files, read_records, report_skipped
+
+DATA_SOURCE = "hiyouga/geometry3k"
+DEFAULT_AGENT_NAME = "geo3k_agent"
+DEFAULT_AGENT_CFG_PATH = "configs/agents/geo3k.yaml"
+SPLITS: tuple[str, ...] = ("train", "test")
+REQUIRED_COLUMNS: tuple[str, ...] = ("images", "problem", "answer")
+IMAGE_PLACEHOLDER = "<image>"
+
+INSTRUCTION = (
+    "Think the problem through step by step inside <think> </think> tags first, "
+    "then give the final answer within \\boxed{}."
+)
+
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", ".png"),
+    (b"\xff\xd8\xff", ".jpg"),
+    (b"GIF8", ".gif"),
+    (b"BM", ".bmp"),
+)
+_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp"})
+
+
+def image_suffix(data: bytes, name: str | None) -> str:
+    """The file suffix of an image: its own name's, else read from its first bytes (``.bin`` if unknown)."""
+    suffix = Path(name).suffix.lower() if name else ""
+    if suffix in _SUFFIXES:
+        return suffix
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return ".webp"
+    return next((ext for magic, ext in _MAGIC if data.startswith(magic)), ".bin")
+
+
+def save_images(images: Any, input_dir: Path, folder: Path, index: int) -> list[str] | None:
+    """Write one row's images into ``folder``; their absolute paths, or None when an image has no data."""
+    paths: list[str] = []
+    for k, image in enumerate(images or []):
+        data, name = (image.get("bytes"), image.get("path")) if isinstance(image, dict) else (None, None)
+        if not data:  # no bytes: a file the parquet points to, next to the dataset
+            source = input_dir / name if name else None
+            if source is None or not source.is_file():
+                return None
+            data = source.read_bytes()
+        target = folder / f"{index}-{k}{image_suffix(data, name)}"
+        target.write_bytes(data)
+        paths.append(str(target.resolve()))
+    return paths
+
+
+def make_row(
+    record: dict[str, Any],
+    *,
+    split: str,
+    index: int,
+    images: list[str],
+    agent_name: str = DEFAULT_AGENT_NAME,
+    agent_cfg_path: str = DEFAULT_AGENT_CFG_PATH,
+) -> dict[str, Any]:
+    """One output row from a source record and the paths of its saved images."""
+    problem, answer = str(record["problem"]).strip(), str(record["answer"]).strip()
+    return {
+        "data_source": DATA_SOURCE,
+        "agent_name": agent_name,
+        "agent_cfg_path": agent_cfg_path,
+        "prompt": [{"role": "user", "content": f"{problem} {INSTRUCTION}"}],
+        "images": images,
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"split": split, "index": index, "answer": answer, "question": problem},
+    }
+
+
+def convert_split(files: Sequence[Path], split: str, local_dir: Path, input_dir: Path, **agent: str) -> int:
+    """Convert one split to ``local_dir/<split>.jsonl`` and its images; returns the rows written."""
+    records = read_records(files, REQUIRED_COLUMNS)
+    image_dir = local_dir / "images" / split
+    image_dir.mkdir(parents=True, exist_ok=True)
+    skipped: list[int] = []
+    with (local_dir / f"{split}.jsonl").open("w", encoding="utf-8") as fh:
+        for index, record in enumerate(records):
+            has_answer = bool(str(record.get("answer") or "").strip())
+            images = save_images(record.get("images"), input_dir, image_dir, index) if has_answer else None
+            if images is None:
+                skipped.append(index)
+                continue
+            row = make_row(record, split=split, index=index, images=images, **agent)
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    report_skipped(split, skipped, len(records), "with no 'answer' or an image without data")
+    return len(records) - len(skipped)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Convert Geometry3K parquet files to agent-task JSONL and images.")
+    parser.add_argument("--input_dir", required=True, help="local hiyouga/geometry3k directory")
+    parser.add_argument("--local_dir", required=True, help="output directory (created if missing)")
+    parser.add_argument("--agent_name", default=DEFAULT_AGENT_NAME)
+    parser.add_argument("--agent_cfg_path", default=DEFAULT_AGENT_CFG_PATH)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, int]:
+    """CLI entry point; returns ``{split: rows_written}``."""
+    args = parse_args(argv)
+    input_dir = Path(args.input_dir).expanduser()
+    local_dir = Path(args.local_dir).expanduser()
+    split_files = {split: find_split_files(input_dir, split, DATA_SOURCE) for split in SPLITS}
+    for files in split_files.values():  # validate every split before writing anything
+        check_columns(files, REQUIRED_COLUMNS)
+    counts: dict[str, int] = {}
+    for split in SPLITS:
+        agent = {"agent_name": args.agent_name, "agent_cfg_path": args.agent_cfg_path}
+        counts[split] = convert_split(split_files[split], split, local_dir, input_dir, **agent)
+        print(f"wrote {counts[split]} rows to {local_dir / f'{split}.jsonl'}")
+    return counts
+
+
+if __name__ == "__main__":
+    main()
