@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -160,3 +163,39 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def start_http_server(model_dir: Path, port: int) -> subprocess.Popen:
+    """An SGLang server on CPU over ``model_dir`` (run in the SGLang environment), as users launch one."""
+    env = {
+        **os.environ,
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(SGLANG_SHIM), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--dtype",
+        "float32",
+        "--skip-tokenizer-init",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-total-tokens",
+        "4096",
+        "--mem-fraction-static",
+        "0.05",
+        "--random-seed",
+        "0",
+        "--log-level",
+        "warning",
+    ]
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -328,7 +328,13 @@ class RolloutCallback(Callback):
                 "trainer)",
                 hint="set model.old_logprobs: trainer and model.rollout_correction: tis, or max_staleness: 0",
             )
-        self._manager().start_background()
+        self._manager().start_background()  # refuses engines that cannot serve it
+        if self.partial_rollouts and not all(engine.updates_while_generating for engine in self.engines):
+            raise UserInputError(
+                f"RolloutCallback.partial_rollouts pushes weights while requests are in flight; engine "
+                f"{self.engine_name!r} cannot take them then (tested only for the transformers engine)",
+                hint="partial_rollouts: false (the push then waits for the rollouts in flight)",
+            )
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int

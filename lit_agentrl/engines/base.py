@@ -60,8 +60,12 @@ class RolloutEngine(abc.ABC):
 
     generates_beside_trainer: bool = False
     """Whether rollouts may run on it while the trainer trains (``RolloutCallback(mode="async")``): it serves requests
-    from any thread's event loop, and a weight update waits for the model step in progress and holds the next ones
-    (:meth:`begin_weight_update`), so no token is generated from half-updated weights."""
+    from any thread's event loop, without the trainer's memory."""
+
+    updates_while_generating: bool = False
+    """Whether a weight push may land while requests are in flight (``partial_rollouts``): the update waits for the
+    model step in progress and holds the next ones (:meth:`begin_weight_update`), so no token is generated from
+    half-updated weights, and the requests continue on the new ones."""
 
     @classmethod
     def build(

@@ -66,7 +66,8 @@ class _Request:
 
 @register_engine("transformers")
 class TransformersEngine(RolloutEngine):
-    generates_beside_trainer = True  # its own scheduler thread; updates pause it between model steps
+    generates_beside_trainer = True  # its own scheduler thread serves any event loop
+    updates_while_generating = True  # updates pause the scheduler between model steps
 
     """An in-process engine over a Hugging Face causal LM with SGLang's ``Engine`` API.
 

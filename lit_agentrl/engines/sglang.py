@@ -235,6 +235,7 @@ class SGLangHTTPEngine(_SGLangBase):
     """
 
     shared = True
+    generates_beside_trainer = True  # a separate server; one async client per event loop
 
     @classmethod
     def build(

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from support import SGLANG_CPU, SGLANG_SHIM, require_sglang
+from support import SGLANG_CPU, require_sglang, start_http_server
 from transformers import AutoModelForCausalLM
 
 from lit_agentrl.engines import get_engine_class
@@ -23,41 +20,6 @@ from lit_agentrl.engines.sglang_group import wait_until_healthy
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33]]
-
-
-def start_http_server(model_dir: Path, port: int) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "SGLANG_USE_CPU_ENGINE": "1",
-        "PYTHONPATH": os.pathsep.join([str(SGLANG_SHIM), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        str(model_dir),
-        "--device",
-        "cpu",
-        "--attention-backend",
-        "torch_native",
-        "--dtype",
-        "float32",
-        "--skip-tokenizer-init",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-total-tokens",
-        "4096",
-        "--mem-fraction-static",
-        "0.05",
-        "--random-seed",
-        "0",
-        "--log-level",
-        "warning",
-    ]
-    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 @pytest.fixture(

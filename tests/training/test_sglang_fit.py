@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import SGLANG_CPU, quick_config, read_csv, require_sglang
+from support import SGLANG_CPU, free_port, quick_config, read_csv, require_sglang, start_http_server
 
 from lit_agentrl.cli import main
+from lit_agentrl.engines.sglang_group import wait_until_healthy
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -36,3 +37,27 @@ def test_fit_with_the_sglang_engine_syncs_weights_each_step(tmp_path, quickstart
     records = [json.loads(line) for line in Path(agreement).read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["engine"] == r["policy"] for r in records), records
+
+
+def test_async_fit_against_an_sglang_server_generates_one_step_ahead(tmp_path, quickstart_model_dir):
+    """mode: async on an SGLang server: rollouts from the manager's background thread, the weight push between them."""
+    require_sglang()
+    port = free_port()
+    server = start_http_server(quickstart_model_dir, port)
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", server, timeout_s=180)
+        path = quick_config(tmp_path, quickstart_model_dir, steps=4, n_samples=8)
+        config = yaml.safe_load(path.read_text())
+        rollout = config["trainer"]["callbacks"][0]["init_args"]
+        rollout.update(
+            engine="sglang_http", engine_kwargs={"urls": [f"http://127.0.0.1:{port}"]}, mode="async", max_staleness=1
+        )
+        config["model"].update(old_logprobs="trainer", rollout_correction="tis")
+        path.write_text(yaml.safe_dump(config))
+        main(["fit", "--config", str(path)])
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    rows = [r for r in read_csv(next((tmp_path / "logs").rglob("metrics.csv"))) if r.get("rollout/reward_mean")]
+    assert [float(r["rollout/staleness_mean"]) for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert all(float(r["rollout/failed"]) == 0 and float(r["rollout/response_length_mean"]) > 0 for r in rows)
