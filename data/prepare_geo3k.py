@@ -30,21 +30,19 @@ skipped and reported on stderr. ``data_source`` selects the ``geo3k`` reward. Th
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # hf_parquet.py, also when loaded by path
 
-from hf_parquet import check_columns, find_split_files, read_records, report_skipped
+from hf_parquet import RowFn, agent_fields, make_parser, prepare_splits, task_row
 
 DATA_SOURCE = "hiyouga/geometry3k"
 DEFAULT_AGENT_NAME = "geo3k_agent"
 DEFAULT_AGENT_CFG_PATH = "configs/agents/geo3k.yaml"
-SPLITS: tuple[str, ...] = ("train", "test")
 REQUIRED_COLUMNS: tuple[str, ...] = ("images", "problem", "answer")
 IMAGE_PLACEHOLDER = "<image>"
 
@@ -89,69 +87,51 @@ def save_images(images: Any, input_dir: Path, folder: Path, index: int) -> list[
 
 
 def make_row(
+    index: int,
     record: dict[str, Any],
+    /,
     *,
     split: str,
-    index: int,
-    images: list[str],
+    input_dir: Path,
+    image_dir: Path,
     agent_name: str = DEFAULT_AGENT_NAME,
     agent_cfg_path: str = DEFAULT_AGENT_CFG_PATH,
-) -> dict[str, Any]:
-    """One output row from a source record and the paths of its saved images."""
-    problem, answer = str(record["problem"]).strip(), str(record["answer"]).strip()
-    return {
-        "data_source": DATA_SOURCE,
-        "agent_name": agent_name,
-        "agent_cfg_path": agent_cfg_path,
-        "prompt": [{"role": "user", "content": f"{problem} {INSTRUCTION}"}],
-        "images": images,
-        "reward_model": {"style": "rule", "ground_truth": answer},
-        "extra_info": {"split": split, "index": index, "answer": answer, "question": problem},
-    }
-
-
-def convert_split(files: Sequence[Path], split: str, local_dir: Path, input_dir: Path, **agent: str) -> int:
-    """Convert one split to ``local_dir/<split>.jsonl`` and its images; returns the rows written."""
-    records = read_records(files, REQUIRED_COLUMNS)
-    image_dir = local_dir / "images" / split
-    image_dir.mkdir(parents=True, exist_ok=True)
-    skipped: list[int] = []
-    with (local_dir / f"{split}.jsonl").open("w", encoding="utf-8") as fh:
-        for index, record in enumerate(records):
-            has_answer = bool(str(record.get("answer") or "").strip())
-            images = save_images(record.get("images"), input_dir, image_dir, index) if has_answer else None
-            if images is None:
-                skipped.append(index)
-                continue
-            row = make_row(record, split=split, index=index, images=images, **agent)
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    report_skipped(split, skipped, len(records), "with no 'answer' or an image without data")
-    return len(records) - len(skipped)
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Convert Geometry3K parquet files to agent-task JSONL and images.")
-    parser.add_argument("--input_dir", required=True, help="local hiyouga/geometry3k directory")
-    parser.add_argument("--local_dir", required=True, help="output directory (created if missing)")
-    parser.add_argument("--agent_name", default=DEFAULT_AGENT_NAME)
-    parser.add_argument("--agent_cfg_path", default=DEFAULT_AGENT_CFG_PATH)
-    return parser.parse_args(argv)
+) -> dict[str, Any] | None:
+    """One output row from a source record, its images saved into ``image_dir``; None with no answer or image data."""
+    answer = str(record.get("answer") or "").strip()
+    images = save_images(record.get("images"), input_dir, image_dir, index) if answer else None
+    if images is None:
+        return None
+    problem = str(record["problem"]).strip()
+    return task_row(
+        data_source=DATA_SOURCE,
+        agent_name=agent_name,
+        agent_cfg_path=agent_cfg_path,
+        user=f"{problem} {INSTRUCTION}",
+        images=images,
+        ground_truth=answer,
+        extra_info={"split": split, "index": index, "answer": answer, "question": problem},
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, int]:
     """CLI entry point; returns ``{split: rows_written}``."""
-    args = parse_args(argv)
+    parser = make_parser(
+        "Convert Geometry3K parquet files to agent-task JSONL and images.",
+        DATA_SOURCE,
+        DEFAULT_AGENT_NAME,
+        DEFAULT_AGENT_CFG_PATH,
+    )
+    args = parser.parse_args(argv)
     input_dir = Path(args.input_dir).expanduser()
-    local_dir = Path(args.local_dir).expanduser()
-    split_files = {split: find_split_files(input_dir, split, DATA_SOURCE) for split in SPLITS}
-    for files in split_files.values():  # validate every split before writing anything
-        check_columns(files, REQUIRED_COLUMNS)
-    counts: dict[str, int] = {}
-    for split in SPLITS:
-        agent = {"agent_name": args.agent_name, "agent_cfg_path": args.agent_cfg_path}
-        counts[split] = convert_split(split_files[split], split, local_dir, input_dir, **agent)
-        print(f"wrote {counts[split]} rows to {local_dir / f'{split}.jsonl'}")
-    return counts
+
+    def row_fn(split: str, local_dir: Path) -> RowFn:
+        image_dir = local_dir / "images" / split
+        image_dir.mkdir(parents=True, exist_ok=True)
+        return partial(make_row, split=split, input_dir=input_dir, image_dir=image_dir, **agent_fields(args))
+
+    why = "with no 'answer' or an image without data"
+    return prepare_splits(args, DATA_SOURCE, REQUIRED_COLUMNS, row_fn, why)
 
 
 if __name__ == "__main__":

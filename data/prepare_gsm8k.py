@@ -25,8 +25,6 @@ skipped and reported on stderr. The prompt asks for the answer in ``\\boxed{}``,
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import sys
 from collections.abc import Sequence
@@ -35,14 +33,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # hf_parquet.py, also when loaded by path
 
-from hf_parquet import check_columns, find_split_files, read_records, report_skipped
+from hf_parquet import agent_fields, bind_split, make_parser, prepare_splits, task_row
 
 DATA_SOURCE = "openai/gsm8k"
 DATASET = "openai/gsm8k"
 DEFAULT_AGENT_NAME = "mathcode_agent"
 DEFAULT_AGENT_CFG_PATH = "configs/agents/math_code.yaml"
 DEFAULT_SUBSET = "main"
-SPLITS: tuple[str, ...] = ("train", "test")
 REQUIRED_COLUMNS: tuple[str, ...] = ("question", "answer")
 
 SYSTEM_PROMPT = (
@@ -62,71 +59,40 @@ def extract_final_answer(solution: str) -> str | None:
 
 
 def make_row(
+    index: int,
     record: dict[str, Any],
+    /,
     *,
     split: str,
-    index: int,
-    ground_truth: str,
     agent_name: str = DEFAULT_AGENT_NAME,
     agent_cfg_path: str = DEFAULT_AGENT_CFG_PATH,
-) -> dict[str, Any]:
-    """One output row from a source record and its final answer."""
+) -> dict[str, Any] | None:
+    """One output row from a source record; None when its answer has no ``#### <number>``."""
+    ground_truth = extract_final_answer(str(record.get("answer") or ""))
+    if ground_truth is None:
+        return None
     question = str(record["question"]).strip()
-    return {
-        "data_source": DATA_SOURCE,
-        "agent_name": agent_name,
-        "agent_cfg_path": agent_cfg_path,
-        "prompt": [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"{question} {INSTRUCTION}"},
-        ],
-        "reward_model": {"style": "rule", "ground_truth": ground_truth},
-        "extra_info": {"split": split, "index": index, "answer": record["answer"], "question": question},
-    }
-
-
-def convert_split(files: Sequence[Path], split: str, output_path: Path, **agent: str) -> int:
-    """Convert one split to JSONL at ``output_path``; returns the rows written (rows with no ``####`` are skipped)."""
-    records = read_records(files, REQUIRED_COLUMNS)
-    skipped: list[int] = []
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    with output_path.open("w", encoding="utf-8") as fh:
-        for index, record in enumerate(records):
-            ground_truth = extract_final_answer(str(record.get("answer") or ""))
-            if ground_truth is None:
-                skipped.append(index)
-                continue
-            row = make_row(record, split=split, index=index, ground_truth=ground_truth, **agent)
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    report_skipped(split, skipped, len(records), "with no '#### <number>' in 'answer'")
-    return len(records) - len(skipped)
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Convert GSM8K parquet files to agent-task JSONL.")
-    parser.add_argument("--input_dir", required=True, help="local openai/gsm8k directory")
-    parser.add_argument("--local_dir", required=True, help="output directory (created if missing)")
-    parser.add_argument("--agent_name", default=DEFAULT_AGENT_NAME)
-    parser.add_argument("--agent_cfg_path", default=DEFAULT_AGENT_CFG_PATH)
-    parser.add_argument("--subset", default=DEFAULT_SUBSET, help="configuration folder to read (main or socratic)")
-    return parser.parse_args(argv)
+    return task_row(
+        data_source=DATA_SOURCE,
+        agent_name=agent_name,
+        agent_cfg_path=agent_cfg_path,
+        system=SYSTEM_PROMPT,
+        user=f"{question} {INSTRUCTION}",
+        ground_truth=ground_truth,
+        extra_info={"split": split, "index": index, "answer": record["answer"], "question": question},
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, int]:
     """CLI entry point; returns ``{split: rows_written}``."""
-    args = parse_args(argv)
-    input_dir = Path(args.input_dir).expanduser()
-    local_dir = Path(args.local_dir).expanduser()
-    split_files = {split: find_split_files(input_dir, split, DATASET, args.subset) for split in SPLITS}
-    for files in split_files.values():  # validate every split before writing anything
-        check_columns(files, REQUIRED_COLUMNS)
-    counts: dict[str, int] = {}
-    for split in SPLITS:
-        output_path = local_dir / f"{split}.jsonl"
-        agent = {"agent_name": args.agent_name, "agent_cfg_path": args.agent_cfg_path}
-        counts[split] = convert_split(split_files[split], split, output_path, **agent)
-        print(f"wrote {counts[split]} rows to {output_path}")
-    return counts
+    parser = make_parser(
+        "Convert GSM8K parquet files to agent-task JSONL.", DATASET, DEFAULT_AGENT_NAME, DEFAULT_AGENT_CFG_PATH
+    )
+    parser.add_argument("--subset", default=DEFAULT_SUBSET, help="configuration folder to read (main or socratic)")
+    args = parser.parse_args(argv)
+    row_fn = bind_split(make_row, **agent_fields(args))
+    why = "with no '#### <number>' in 'answer'"
+    return prepare_splits(args, DATASET, REQUIRED_COLUMNS, row_fn, why, subset=args.subset)
 
 
 if __name__ == "__main__":
