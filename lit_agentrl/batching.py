@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lit_agentrl.losses import grpo_advantages
+from lit_agentrl.processors import mrope_position_ids
 from lit_agentrl.types import Trajectory
 
 
@@ -27,6 +28,8 @@ class TrainingSample:
     old_logprobs: list[float]
     advantage: float
     rollout_logprobs: list[float] | None = None
+    multi_modal_inputs: dict[str, Any] | None = None
+    """A vision-language trajectory's images (``pixel_values``, ``image_grid_thw``); None for text."""
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -117,6 +120,7 @@ def _shift(t: Trajectory, advantage: float) -> TrainingSample:
         old_logprobs=list(rollout) if rollout is not None else [0.0] * (len(t.all_token_ids) - 1),
         advantage=advantage,
         rollout_logprobs=rollout,
+        multi_modal_inputs=t.multi_modal_inputs,
     )
 
 
@@ -181,14 +185,37 @@ class MicroBatch(NamedTuple):
     advantages: torch.Tensor  # each token carries its sequence's advantage
     sequence_index: torch.Tensor  # long: the token's sequence within the micro-batch, -1 for padding
     rollout_logprobs: torch.Tensor  # the engine's (zeros where a sample has none)
+    mrope_position_ids: torch.Tensor | None = None
+    """[4, R, W] for a vision-language policy (Qwen2-VL family): the text positions (by which packed sequences are
+    kept apart), then the 3-D rotary positions (temporal, height, width); None for a text policy."""
+    pixel_values: torch.Tensor | None = None
+    """[N, D]: the images of every sequence, in row-major sequence order; None without images."""
+    image_grid_thw: torch.Tensor | None = None
+    """[k, 3]: their patch grids."""
 
     def model_inputs(self) -> dict[str, Any]:
         """Forward arguments; without a KV cache, since transformers looks for packed rows only then."""
-        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False}
+        positions = self.mrope_position_ids if self.mrope_position_ids is not None else self.position_ids
+        inputs: dict[str, Any] = {"input_ids": self.input_ids, "position_ids": positions, "use_cache": False}
+        if self.pixel_values is not None:
+            inputs.update(pixel_values=self.pixel_values, image_grid_thw=self.image_grid_thw)
+        return inputs
 
 
-def collate(rows: Sequence[Sequence[TrainingSample]], pad_id: int, device: torch.device | str = "cpu") -> MicroBatch:
-    """Concatenate each row's samples and right-pad the rows to the longest one."""
+def collate(
+    rows: Sequence[Sequence[TrainingSample]],
+    pad_id: int,
+    device: torch.device | str = "cpu",
+    vision: tuple[int, int] | None = None,
+) -> MicroBatch:
+    """Concatenate each row's samples and right-pad the rows to the longest one.
+
+    ``vision``: a vision-language policy's ``(image_token_id, spatial_merge_size)``
+    (:func:`lit_agentrl.processors.vision_settings`): the micro-batch then carries 4-row positions and the samples'
+    images (see :class:`MicroBatch`). Samples with images need it.
+    """
+    if vision is None and any(s.multi_modal_inputs for row in rows for s in row):
+        raise ValueError("samples with images need collate(..., vision=(image_token_id, merge_size)) of the policy")
     width = max(sum(len(s) for s in row) for row in rows)
     shape = (len(rows), width)
     ids = torch.full(shape, pad_id, dtype=torch.long)
@@ -217,7 +244,45 @@ def collate(rows: Sequence[Sequence[TrainingSample]], pad_id: int, device: torch
         last = len(row[-1])
         positions[r, start:] = torch.arange(last, last + width - start)
     tensors = (ids, positions, targets, mask, old, advantages, sequence, rollout)
-    return MicroBatch(*(t.to(device) for t in tensors))
+    batch = MicroBatch(*(t.to(device) for t in tensors))
+    if vision is None:
+        return batch
+    extra = _vision(rows, positions, vision)
+    pixels, grids = extra["pixel_values"], extra["image_grid_thw"]
+    return batch._replace(
+        mrope_position_ids=extra["mrope_position_ids"].to(device),
+        pixel_values=pixels.to(device) if pixels is not None else None,
+        image_grid_thw=grids.to(device) if grids is not None else None,
+    )
+
+
+def _vision(
+    rows: Sequence[Sequence[TrainingSample]], positions: torch.Tensor, vision: tuple[int, int]
+) -> dict[str, Any]:
+    """4-row positions [4, R, W] and the images of a micro-batch for a Qwen2-VL-family policy."""
+    token, merge = vision
+    rope = positions.unsqueeze(0).repeat(3, 1, 1)
+    pixels: list[torch.Tensor] = []
+    grids: list[torch.Tensor] = []
+    for r, row in enumerate(rows):
+        start = 0
+        for s in row:
+            end = start + len(s)
+            images = s.multi_modal_inputs
+            if images:
+                grid = torch.as_tensor(images["image_grid_thw"]).long().reshape(-1, 3)
+                rope[:, r, start:end] = mrope_position_ids(s.input_ids, grid, token, merge)[0]
+                pixels.append(torch.as_tensor(images["pixel_values"]))
+                grids.append(grid)
+            start = end
+        if start < rope.shape[2]:  # padding continues the last sequence's positions
+            last = int(rope[:, r, start - 1].max()) + 1 if start else 0
+            rope[:, r, start:] = torch.arange(last, last + rope.shape[2] - start)
+    return {
+        "mrope_position_ids": torch.cat([positions.unsqueeze(0), rope]),
+        "pixel_values": torch.cat(pixels) if pixels else None,
+        "image_grid_thw": torch.cat(grids) if grids else None,
+    }
 
 
 def split_mini_batches(samples: Sequence[TrainingSample], num_mini_batches: int) -> list[list[TrainingSample]]:

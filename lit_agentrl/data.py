@@ -190,6 +190,31 @@ def row_errors(row: Mapping[str, Any], data_dir: Path, reward_fn: str | None) ->
     errors = _agent_errors(row, data_dir)
     errors += _prompt_errors(row)
     errors += _ground_truth_errors(row, reward_fn)
+    errors += _image_errors(row)
+    return errors
+
+
+def _image_errors(row: Mapping[str, Any]) -> list[str]:
+    """Problems with a row's ``images`` (paths, or ``{"bytes"}``/``{"path"}`` dicts as ``data/prepare_geo3k.py``
+    writes them): each must exist and decode."""
+    images = row.get("images")
+    if images is None:
+        return []
+    if not isinstance(images, list):
+        return [f"field 'images' must be a list of images, got {_json_type(images)} {_short(images)}"]
+    from lit_agentrl.processors import load_image
+
+    errors = []
+    for k, image in enumerate(images):
+        if not isinstance(image, (str, dict, bytes)):
+            errors.append(
+                f"field 'images' item {k}: expected a path or a {{'bytes'|'path'}} object, got {_json_type(image)}"
+            )
+            continue
+        try:
+            load_image(image)
+        except ValueError as exc:
+            errors.append(f"field 'images' item {k}: {exc}")
     return errors
 
 

@@ -13,15 +13,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 
 from lit_agentrl.dtypes import torch_dtype
+from lit_agentrl.processors import is_vision_language
+
+
+def _auto_class(path: str) -> Any:
+    """``AutoModelForImageTextToText`` for a vision-language model (its vision tower is trained and synced too),
+    else ``AutoModelForCausalLM``."""
+    return AutoModelForImageTextToText if is_vision_language(path) else AutoModelForCausalLM
 
 
 def load_pretrained(path: str) -> PreTrainedModel:
     """The whole model at ``path`` in fp32 on CPU; ``ValueError`` naming the path when there is none."""
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return _auto_class(path).from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as exc:
         raise ValueError(f"model.model_path={path!r}: no loadable causal LM there ({exc})") from exc
 
@@ -33,18 +40,32 @@ def empty_model(path: str) -> PreTrainedModel:
     except (OSError, ValueError) as exc:
         raise ValueError(f"model.model_path={path!r}: no loadable causal LM there ({exc})") from exc
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return _auto_class(path).from_config(config, dtype=torch.float32)
+
+
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks FSDP2 shards one by one: the decoder layers (``model.layers``; a vision-language model's
+    ``model.language_model.layers``) and a vision tower's blocks (``model.visual.blocks``)."""
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        layers = getattr(getattr(inner, "language_model", None), "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"{type(model).__name__} has no `.model.layers` (or `.model.language_model.layers`) to shard per decoder "
+            "layer"
+        )
+    blocks = getattr(getattr(inner, "visual", None), "blocks", None)
+    return [*(blocks or []), *layers]
 
 
 def fully_shard_layers(model: torch.nn.Module, mesh: Any, param_dtype: str) -> None:
-    """FSDP2: shard every decoder layer, then the root (embeddings, final norm, head)."""
+    """FSDP2: shard every decoder layer (and vision block), then the root (embeddings, final norm, head, and a
+    vision tower's patch embedding and merger)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=torch_dtype(param_dtype, "model.param_dtype"), reduce_dtype=torch.float32)
-    layers = getattr(getattr(model, "model", model), "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no `.model.layers` to shard per decoder layer")
-    for layer in layers:
+    for layer in shard_units(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
 

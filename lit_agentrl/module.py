@@ -41,6 +41,7 @@ from lit_agentrl.loading import empty_model, fully_shard_layers, load_pretrained
 from lit_agentrl.logprobs import check_chunked_head, model_token_logprobs, relative_difference
 from lit_agentrl.losses import LossScale, TokenLogProbs
 from lit_agentrl.objective import Objective, loss_scale, micro_batch_loss
+from lit_agentrl.processors import vision_settings
 from lit_agentrl.types import PromptBatch
 
 PARAM_DTYPES = ("float32", "bfloat16")
@@ -305,7 +306,8 @@ class GRPOModule(L.LightningModule):
         for i in range(self._max_across_ranks(len(plans))):
             start = self._clock()
             if i < len(plans):
-                micro = collate([[samples[j] for j in row] for row in plans[i]], self._pad_id(), self.device)
+                rows = [[samples[j] for j in row] for row in plans[i]]
+                micro = collate(rows, self._pad_id(), self.device, vision_settings(self.policy))
                 loss, micro_stats = self._micro_loss(micro, scale)
             else:
                 loss, micro_stats = self._dummy_loss(), {}
@@ -335,7 +337,7 @@ class GRPOModule(L.LightningModule):
                 self._dummy_loss()
                 continue
             rows = [[samples[j] for j in row] for row in plans[i]]
-            micro = collate(rows, self._pad_id(), self.device)
+            micro = collate(rows, self._pad_id(), self.device, vision_settings(self.policy))
             logprobs = self._token_logprobs(self.policy, micro, with_entropy=False).logprobs.float().cpu()
             index = micro.sequence_index.cpu()
             for k, sample in enumerate(s for row in rows for s in row):
@@ -502,11 +504,12 @@ def check_packing_support(model: torch.nn.Module, tolerance: float = 1e-3) -> No
     if device.type == "meta":  # weights not materialised yet: nothing to run
         return
     first, second = [3, 5, 7, 9, 11], [4, 6, 8]
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]], device=device)
+    if vision_settings(model) is not None:  # Qwen2-VL family: text positions first, then the 3-D ones (collate's)
+        positions = positions.unsqueeze(0).expand(4, -1, -1)
     with torch.no_grad():
         packed = model(
-            input_ids=torch.tensor([first + second], device=device),
-            position_ids=torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]], device=device),
-            use_cache=False,
+            input_ids=torch.tensor([first + second], device=device), position_ids=positions, use_cache=False
         ).logits[0]
         alone = [
             model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0] for ids in (first, second)

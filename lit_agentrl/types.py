@@ -50,6 +50,9 @@ class Trajectory:
     """The conversation up to the last model turn as OpenAI-style dicts (``role``, ``content``, ``tool_calls``,
     ``tool_call_id``), when the agent recorded it (``AgentGraph.convert_agent_graph_output`` does)."""
     extra_fields: dict[str, Any] = field(default_factory=dict)
+    multi_modal_inputs: dict[str, Any] | None = None
+    """A vision-language trajectory's images as the model takes them (``pixel_values`` [N, D], ``image_grid_thw``
+    [k, 3]), for the training forward; None for text."""
 
     @property
     def num_generated_tokens(self) -> int:

@@ -7,7 +7,7 @@ from lit_agentrl.agents.drift import count_template_drift
 from lit_agentrl.agents.registry import get_agent_class, import_agent_modules, register, registered_agents
 
 # Built-in agents register themselves on import.
-from lit_agentrl.agents import guess_digit, mathcode, matheval, single_turn  # noqa: F401  isort: skip
+from lit_agentrl.agents import geo3k, guess_digit, mathcode, matheval, single_turn, vision_toy  # noqa: F401  isort: skip
 
 __all__ = [
     "AgentGraph",

@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from langchain_core.language_models.base import LanguageModelInput
-from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import Runnable
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lit_agentrl.agents.chat_model import ChatModel, find_last_ai_index
 from lit_agentrl.agents.drift import count_template_drift
-from lit_agentrl.agents.multimodal import infer_model_type
+from lit_agentrl.agents.multimodal import MULTI_MODAL_FIELD, infer_model_type, openai_messages
 
 
 class AgentGraphOutput(BaseModel):
@@ -23,6 +23,8 @@ class AgentGraphOutput(BaseModel):
     engine returned them (``loss_mask`` 1) and tool/user turns encoded as the chat template renders them
     (``loss_mask`` 0). ``loss_mask`` and ``all_token_ids`` have the same length; the prompt carries 0.
     """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     str_output: str
     """The decoded text after the prompt (generated and environment turns)."""
@@ -40,6 +42,27 @@ class AgentGraphOutput(BaseModel):
     """Messages up to the last model turn: prompt, assistant and tool/user messages (as in the seed)."""
     extra_fields: dict[str, Any] = Field(default_factory=dict)
     """Anything else the agent wants to keep (``num_model_turns``, ``num_tool_calls`` are filled in)."""
+    multi_modal_inputs: dict[str, Any] | None = None
+    """A vision-language trajectory's images as the model takes them: ``{"pixel_values": [N, D],
+    "image_grid_thw": [k, 3]}`` (every image of the conversation, in order); the training forward uses them.
+    ``pixel_values=`` and ``image_grid_thw=`` (the seed's names) are accepted too and land here."""
+    pixel_values: Any = Field(default=None, exclude=True)
+    image_grid_thw: Any = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _gather_images(self) -> AgentGraphOutput:
+        """Fold the seed's ``pixel_values``/``image_grid_thw`` into :attr:`multi_modal_inputs` (and the other way)."""
+        if self.multi_modal_inputs is None and self.pixel_values is not None:
+            if self.image_grid_thw is None:
+                raise ValueError("AgentGraphOutput: pixel_values without image_grid_thw")
+            self.multi_modal_inputs = {"pixel_values": self.pixel_values, "image_grid_thw": self.image_grid_thw}
+        if self.multi_modal_inputs is not None:
+            missing = {"pixel_values", "image_grid_thw"} - set(self.multi_modal_inputs)
+            if missing:
+                raise ValueError(f"AgentGraphOutput.multi_modal_inputs lacks {sorted(missing)}")
+            self.pixel_values = self.multi_modal_inputs["pixel_values"]
+            self.image_grid_thw = self.multi_modal_inputs["image_grid_thw"]
+        return self
 
 
 MESSAGES_FIELD = "messages"
@@ -96,7 +119,13 @@ class AgentGraph(ABC):
 
     def make_chat_model(self) -> ChatModel:
         """A :class:`ChatModel` over this agent's engine and tokenizer (bind tools with ``.bind_tools``)."""
-        return ChatModel(model=self.agent_name, llm=self.llm, tokenizer=self.tokenizer, processor=self.processor)
+        return ChatModel(
+            model=self.agent_name,
+            llm=self.llm,
+            tokenizer=self.tokenizer,
+            processor=self.processor,
+            model_type=self.model_type,
+        )
 
     def build_graph(self) -> Any:
         """Build the LangGraph workflow; the base version only makes ``self.chatmodel``."""
@@ -132,11 +161,11 @@ class AgentGraph(ABC):
             "num_tool_calls": sum(len(m.tool_calls) + len(m.invalid_tool_calls) for m in ai_messages),
             "finish_reason": meta.get("finish_reason"),
             # The conversation as OpenAI-style dicts (role, content, tool_calls), for the trajectory log and viewer.
-            MESSAGES_FIELD: convert_to_openai_messages(messages[: last + 1]),
+            MESSAGES_FIELD: openai_messages(messages[: last + 1]),
         }
         if self.check_template_drift:
             extra["template_drift"] = count_template_drift(
-                messages, self.tokenizer, meta.get("tools"), meta.get("chat_template_kwargs")
+                messages, self.tokenizer, meta.get("tools"), meta.get("chat_template_kwargs"), self.processor
             )
         return AgentGraphOutput(
             str_output=self.tokenizer.decode(meta["token_ids"][prompt_len:]),
@@ -146,6 +175,7 @@ class AgentGraph(ABC):
             response_logprobs=list(meta["logprobs"][prompt_len:]),
             num_turns=last + 1,
             extra_fields=extra,
+            multi_modal_inputs=meta.get(MULTI_MODAL_FIELD),
         )
 
 

@@ -23,9 +23,20 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from lit_agentrl.agents.multimodal import encode_multimodal, first_image_message
+from lit_agentrl.agents.multimodal import (
+    MULTI_MODAL_FIELD,
+    VisionInputs,
+    encode_multimodal,
+    first_image_message,
+    process_images,
+    require_processor,
+    template_messages,
+    tokenizer_of,
+    widen,
+)
 from lit_agentrl.agents.tool_parser import parse_tool_calls
 from lit_agentrl.engines.base import output_logprobs
+from lit_agentrl.processors import image_token_id
 
 _PROMPT_CACHE_SIZE = 4096
 
@@ -58,8 +69,10 @@ class ChatModel(BaseChatModel):
         model: a name for the model (``model_name``).
         llm: the rollout engine.
         tokenizer: the policy tokenizer, with a chat template.
-        processor: a vision-language policy's processor; None for text models. A message with image content
-            fails the call with a clear error (rendering images: :func:`~lit_agentrl.agents.multimodal.encode_multimodal`).
+        processor: a vision-language policy's processor (:func:`lit_agentrl.processors.load_processor`); None for
+            text models. Messages with image content are rendered through it (the processor's chat template, the
+            image processor, each placeholder widened to the image's tokens: :mod:`~lit_agentrl.agents.multimodal`),
+            and the engine gets the images as ``image_data``; without one, an image fails the call with a clear error.
         model_type: the policy's Hugging Face ``model_type`` (e.g. ``"qwen2_5_vl"``), for the seed's signature.
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
         max_parallel_calls: keep at most this many tool calls per turn (the seed's default, 1; None keeps all).
@@ -68,7 +81,8 @@ class ChatModel(BaseChatModel):
     ``await model.ainvoke(messages, sampling_params={...})`` returns an ``AIMessage`` with parsed
     ``tool_calls``/``invalid_tool_calls`` and ``response_metadata`` holding ``token_ids``, ``loss_mask``,
     ``logprobs`` (aligned with ``token_ids``), ``prompt_length``, ``output_ids``, ``raw_text``,
-    ``finish_reason``, and the ``tools`` and ``chat_template_kwargs`` the turn was rendered with.
+    ``finish_reason``, and the ``tools`` and ``chat_template_kwargs`` the turn was rendered with; with images also
+    ``multi_modal_inputs`` (``pixel_values``, ``image_grid_thw`` of every image so far) and ``images``.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
@@ -126,11 +140,12 @@ class ChatModel(BaseChatModel):
         if stop:
             raise ValueError("ChatModel stops on token ids: pass sampling_params={'stop_token_ids': [...]}, not stop=")
         tools = kwargs.get("tools")
-        token_ids, loss_mask, logprobs, prompt_length = self._encode(messages, tools)
+        token_ids, loss_mask, logprobs, prompt_length, vision = self._encode(messages, tools)
+        images = {"image_data": vision.images} if vision.images else {}  # SGLang's name; text requests as before
         output = await self.llm.async_generate(
-            input_ids=token_ids, sampling_params=self._sampling_params(kwargs), return_logprob=True
+            input_ids=token_ids, sampling_params=self._sampling_params(kwargs), return_logprob=True, **images
         )
-        message = self._to_message(output, token_ids, loss_mask, logprobs, prompt_length, tools)
+        message = self._to_message(output, token_ids, loss_mask, logprobs, prompt_length, tools, vision)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     @staticmethod
@@ -151,29 +166,54 @@ class ChatModel(BaseChatModel):
 
     def _encode(
         self, messages: list[BaseMessage], tools: list[dict] | None
-    ) -> tuple[list[int], list[int], list[float], int]:
-        """The engine input for ``messages``: (token_ids, loss_mask, logprobs, prompt_length)."""
+    ) -> tuple[list[int], list[int], list[float], int, VisionInputs]:
+        """The engine input for ``messages``: (token_ids, loss_mask, logprobs, prompt_length, images so far)."""
         if not messages:
             raise ValueError("ChatModel got no messages")
-        if first_image_message(messages) is not None:  # never render an image as text, or drop it
-            return encode_multimodal(self.model_name, self.processor, messages, tools)
         last_ai = find_last_ai_index(messages)
         if last_ai < 0:
-            ids = self.render_ids(convert_to_openai_messages(messages), tools, add_generation_prompt=True)
-            return ids, [0] * len(ids), [0.0] * len(ids), len(ids)
+            if first_image_message(messages) is not None:  # never render an image as text, or drop it
+                ids, vision = encode_multimodal(
+                    self.model_name, self.processor, messages, tools, self.chat_template_kwargs
+                )
+            else:
+                ids = self.render_ids(convert_to_openai_messages(messages), tools, add_generation_prompt=True)
+                vision = VisionInputs()
+            return ids, [0] * len(ids), [0.0] * len(ids), len(ids), vision
         previous = messages[last_ai].response_metadata
         if "token_ids" not in previous:
             raise ValueError("the last assistant message was not produced by ChatModel: it has no token_ids")
         new_messages = messages[last_ai + 1 :]
         if not new_messages:
             raise ValueError("the last message is the model's own turn: append a tool or user message first")
-        suffix = self.encode_suffix(convert_to_openai_messages(new_messages), tools, previous["output_ids"])
+        vision = previous.get("vision") or VisionInputs()
+        if first_image_message(new_messages) is not None:  # a later turn brings images of its own
+            suffix, new_vision = self._image_suffix(new_messages, tools, previous["output_ids"])
+            vision = vision + new_vision
+        else:
+            suffix = self.encode_suffix(convert_to_openai_messages(new_messages), tools, previous["output_ids"])
         return (
             previous["token_ids"] + suffix,
             previous["loss_mask"] + [0] * len(suffix),
             previous["logprobs"] + [0.0] * len(suffix),
             previous["prompt_length"],
+            vision,
         )
+
+    def _image_suffix(
+        self, new_messages: list[BaseMessage], tools: list[dict] | None, last_output_ids: list[int]
+    ) -> tuple[list[int], VisionInputs]:
+        """The suffix ids of a tool/user turn with images (through the processor), and those images."""
+        require_processor(self.model_name, self.processor, new_messages)
+        rendered, sources = template_messages(new_messages)
+        vision = process_images(self.processor, sources)
+        context = [{"role": "user", "content": "."}, {"role": "assistant", "content": _TURN_MARKER}]
+        text = self.processor.apply_chat_template(
+            context + rendered, tools=tools, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+        )
+        suffix_text = widen(self.processor, text[text.rindex(_TURN_MARKER) + len(_TURN_MARKER) :], vision)
+        suffix = tokenizer_of(self.processor).encode(suffix_text, add_special_tokens=False)
+        return drop_repeated_end(suffix, last_output_ids), vision
 
     def render_ids(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> list[int]:
         """Token ids of ``messages`` through the chat template (cached: GRPO renders each prompt n times)."""
@@ -224,6 +264,7 @@ class ChatModel(BaseChatModel):
         logprobs: list[float],
         prompt_length: int,
         tools: list[dict] | None,
+        vision: VisionInputs | None = None,
     ) -> AIMessage:
         meta = output["meta_info"]
         output_ids = list(output["output_ids"])
@@ -242,6 +283,10 @@ class ChatModel(BaseChatModel):
             raw_text = raw_text[: raw_text.index(matched)]
         parsed = parse_tool_calls(raw_text)
         limit = self.max_parallel_calls
+        images: dict[str, Any] = {}
+        if vision is not None and vision.images:
+            self._check_no_image_token(output_ids)
+            images = {MULTI_MODAL_FIELD: vision.model_inputs(), "vision": vision}
         return AIMessage(
             content=parsed.content,
             tool_calls=parsed.tool_calls[:limit],
@@ -256,8 +301,20 @@ class ChatModel(BaseChatModel):
                 "finish_reason": finish,
                 "tools": tools,
                 "chat_template_kwargs": self.chat_template_kwargs,
+                **images,
             },
         )
+
+    def _check_no_image_token(self, output_ids: list[int]) -> None:
+        """Fail the turn when the model generated the image placeholder itself (an untrained model may): in a
+        conversation with images, every placeholder must stand for an image, or neither the engine's next turn nor
+        the training forward could place the images."""
+        token = image_token_id(self.processor)
+        if token in output_ids:
+            raise ValueError(
+                f"agent {self.model_name!r}: the model generated the image placeholder token (id {token}) in a "
+                "conversation with images; the trajectory cannot be trained (its images would not line up)"
+            )
 
 
 def render_turn_suffix(

@@ -16,6 +16,14 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
 
 from lit_agentrl.agents.chat_model import find_last_ai_index
+from lit_agentrl.agents.multimodal import (
+    MULTI_MODAL_FIELD,
+    VisionInputs,
+    first_image_message,
+    template_messages,
+    tokenizer_of,
+    widen,
+)
 
 _MARKER = "\u2063LITAGENTRL_GEN_{}\u2063"
 
@@ -25,23 +33,36 @@ def expected_token_ids(
     tokenizer: Any,
     tools: list[dict] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    processor: Any = None,
 ) -> list[int]:
-    """The conversation up to its last model turn as the template renders it, generated ids spliced in."""
+    """The conversation up to its last model turn as the template renders it, generated ids spliced in.
+
+    A conversation with images renders through ``processor`` (its chat template, each image's placeholder widened
+    to the image's tokens by the grids the last model turn recorded).
+    """
     last_ai = find_last_ai_index(messages)
     if last_ai < 0:
         raise ValueError("template drift needs a conversation with at least one model turn")
     history = list(messages[: last_ai + 1])
     rendered: list[dict] = []
     generated: list[list[int]] = []
+    images = processor is not None and first_image_message(history) is not None
     for message in history:
         if isinstance(message, AIMessage):
             rendered.append({"role": "assistant", "content": _MARKER.format(len(generated))})
             generated.append(list(message.response_metadata["output_ids"]))
+        elif images:
+            rendered.extend(template_messages([message])[0])
         else:
             rendered.extend(convert_to_openai_messages([message]))
-    text = tokenizer.apply_chat_template(
-        rendered, tools=tools, tokenize=False, add_generation_prompt=False, **(chat_template_kwargs or {})
-    )
+    kwargs = {"tools": tools, "tokenize": False, "add_generation_prompt": False, **(chat_template_kwargs or {})}
+    if images:
+        text = processor.apply_chat_template(rendered, **kwargs)
+        grids = history[last_ai].response_metadata.get(MULTI_MODAL_FIELD, {}).get("image_grid_thw")
+        text = widen(processor, text, VisionInputs(image_grid_thw=grids))
+        tokenizer = tokenizer_of(processor)
+    else:
+        text = tokenizer.apply_chat_template(rendered, **kwargs)
     ids: list[int] = []
     for turn, output_ids in enumerate(generated):
         before, text = text.split(_MARKER.format(turn), 1)
@@ -57,6 +78,7 @@ def count_template_drift(
     tokenizer: Any,
     tools: list[dict] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    processor: Any = None,
 ) -> int:
     """Positions where the last model turn's accumulated ``token_ids`` differ from the re-rendered ones.
 
@@ -66,5 +88,5 @@ def count_template_drift(
     if last_ai < 0:
         raise ValueError("template drift needs a conversation with at least one model turn")
     actual = list(messages[last_ai].response_metadata["token_ids"])
-    expected = expected_token_ids(messages, tokenizer, tools, chat_template_kwargs)
+    expected = expected_token_ids(messages, tokenizer, tools, chat_template_kwargs, processor)
     return sum(a != b for a, b in zip(actual, expected, strict=False)) + abs(len(actual) - len(expected))

@@ -174,6 +174,7 @@ class RolloutCallback(Callback):
         self.manager = RolloutManager(
             self.engines,
             tokenizer,
+            processor=load_vl_processor(model_path),  # None for a text policy
             max_inflight_per_engine=self.max_inflight_per_engine,
             trajectory_timeout_s=self.trajectory_timeout_s,
             reward_fn=getattr(
@@ -515,6 +516,16 @@ def load_tokenizer(model_path: str) -> Any:
         return AutoTokenizer.from_pretrained(model_path)
     except (OSError, ValueError) as exc:
         raise UserInputError(f"model.model_path={model_path!r}: no loadable tokenizer there ({exc})") from exc
+
+
+def load_vl_processor(model_path: str) -> Any:
+    """A vision-language policy's processor (None for a text policy), with an error naming the path."""
+    from lit_agentrl.processors import load_processor
+
+    try:
+        return load_processor(model_path)
+    except (OSError, ValueError) as exc:
+        raise UserInputError(f"model.model_path={model_path!r}: no loadable image processor there ({exc})") from exc
 
 
 def _grpo_module(pl_module: L.LightningModule) -> GRPOModule:

@@ -19,6 +19,7 @@ import asyncio
 import collections
 import concurrent.futures
 import inspect
+import itertools
 import logging
 import queue
 import random
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer, DynamicCache
 
 from lit_agentrl.dtypes import torch_dtype
 from lit_agentrl.engines.admission import ROLLOUT_TRAJECTORY, AdmissionGate, TrajectoryTag, request_order
@@ -40,8 +41,22 @@ from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.running_batch import RunningBatch, growing_cache, kv_layers, stack_prefixes
 from lit_agentrl.engines.sampling import SamplingParams, sample_tokens
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.processors import image_digest, is_vision_language, load_image, mrope_position_ids, vision_settings
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Images:
+    """A vision-language request's images as the model takes them, and its M-RoPE positions."""
+
+    pixel_values: torch.Tensor  # [N, D]: every image's patches
+    grids: torch.Tensor  # [k, 3]
+    patches: list[int]  # rows of pixel_values per image
+    spans: list[tuple[int, int]]  # each image's tokens in the prompt: [start, end)
+    digests: tuple[str, ...]  # the images' identity: the prefix cache's scope
+    positions: torch.Tensor  # [3, P]: the whole prompt's rotary positions
+    rope_delta: int  # positions after the prompt: index + rope_delta
 
 
 @dataclass
@@ -54,14 +69,21 @@ class _Request:
     stop_window: int = 0  # trailing output tokens decoded to look for stop strings (0: none)
     tag: TrajectoryTag | None = None  # the rollout trajectory that sent it (see engines.admission)
     order: tuple[Any, ...] = ()  # its place in an admission: by trajectory and turn, not arrival
+    images: _Images | None = None  # a vision-language request's images
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     counts: torch.Tensor | None = None  # [V]: how often this request generated each token (penalties only)
 
     @property
     def next_position(self) -> int:
-        """Position of the last sampled token, the one fed to the next decode step."""
-        return len(self.input_ids) + len(self.output_ids) - 1
+        """Position of the last sampled token, the one fed to the next decode step (M-RoPE: in every component)."""
+        delta = self.images.rope_delta if self.images is not None else 0
+        return len(self.input_ids) + len(self.output_ids) - 1 + delta
+
+    @property
+    def scope(self) -> tuple[str, ...]:
+        """Its images' digests (empty for text): what its KV depends on besides the token ids."""
+        return self.images.digests if self.images is not None else ()
 
 
 @register_engine("transformers")
@@ -105,6 +127,13 @@ class TransformersEngine(RolloutEngine):
     1509-1513, "Stop position is included"). Stop strings are checked
     before stop tokens and before the length limit, and ``ignore_eos`` does not turn them off.
 
+    Vision-language models (a ``vision_config`` in the model's config; loaded with ``AutoModelForImageTextToText``):
+    a request carries its images as ``image_data`` (SGLang's name): per prompt, a list of images (PIL images,
+    paths, ``data:`` URLs, bytes), preprocessed with the model folder's image processor, or one dict
+    ``{"pixel_values", "image_grid_thw"}`` of processor output. The prompt's ids already hold each image's widened
+    placeholder. Prefill computes Qwen2-VL's 3-D rotary positions from the ids and image grids, decode steps continue
+    at ``index + rope_delta``; kept prefixes match only requests with the same images.
+
     Example::
 
         engine = TransformersEngine(".cache/tiny-qwen3")
@@ -139,8 +168,11 @@ class TransformersEngine(RolloutEngine):
             raise UserInputError(f"max_running_requests must be >= 1, got {max_running_requests}")
         self.model_path = model_path
         self.device = torch.device(device)
-        model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_type)  # its ``to`` is mistyped
+        auto = AutoModelForImageTextToText if is_vision_language(model_path) else AutoModelForCausalLM
+        model: Any = auto.from_pretrained(model_path, dtype=torch_type)  # its ``to`` is mistyped
         self.model: Any = model.to(self.device).eval()
+        self.vision = vision_settings(self.model)  # (image token id, merge size); None for a text model
+        self._image_processor: Any = None  # loaded for the first request with images
         self.model.requires_grad_(False)
         # transformers 5.x renamed ``past_key_values`` to ``cache``; accept either release line.
         forward_args = inspect.signature(self.model.forward).parameters
@@ -279,6 +311,8 @@ class TransformersEngine(RolloutEngine):
     ) -> tuple[list[concurrent.futures.Future], bool]:
         if self._stopped:
             raise RuntimeError("TransformersEngine has been shut down")
+        extra = dict(extra)
+        image_data = extra.pop("image_data", None)
         unsupported = sorted(k for k, v in extra.items() if v is not None)
         if unsupported:
             raise ValueError(f"TransformersEngine.async_generate: unsupported argument(s) {unsupported}")
@@ -289,17 +323,55 @@ class TransformersEngine(RolloutEngine):
         params_list = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} sampling_params")
+        images_list = image_data if batched and image_data is not None else [image_data] * len(prompts)
+        if len(images_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(images_list)} image_data entries")
         checked = []
-        for prompt, raw in zip(prompts, params_list):
+        for prompt, raw, images in zip(prompts, params_list, images_list):
             params = SamplingParams.from_dict(raw)
             if not prompt:
                 raise ValueError("async_generate: a prompt has no tokens")
-            checked.append((prompt, params, self._stop_window(params)))
+            checked.append((prompt, params, self._stop_window(params), self._prepare_images(prompt, images)))
         futures = []
-        for prompt, params, window in checked:
+        for prompt, params, window, prepared in checked:
             for _ in range(params.n):
-                futures.append(self._enqueue(list(prompt), params, return_logprob, window))
+                futures.append(self._enqueue(list(prompt), params, return_logprob, window, prepared))
         return futures, batched or len(futures) > 1
+
+    def _prepare_images(self, prompt: list[int], image_data: Any) -> _Images | None:
+        """One prompt's ``image_data`` as the model takes it, checked against the prompt's image tokens."""
+        token = self.vision[0] if self.vision is not None else None
+        if not image_data:
+            if token is not None and token in prompt:
+                raise ValueError("async_generate: the prompt holds image tokens but the request has no image_data")
+            return None
+        if self.vision is None or token is None:
+            raise ValueError(
+                f"async_generate: image_data given, but the model at {self.model_path!r} has no vision tower"
+            )
+        if isinstance(image_data, dict):  # processor output, as SGLang's {"format": "processor_output", ...}
+            pixel_values, grids = image_data["pixel_values"], image_data["image_grid_thw"]
+        else:
+            items = image_data if isinstance(image_data, (list, tuple)) else [image_data]
+            with self._tokenizer_lock:
+                if self._image_processor is None:
+                    from lit_agentrl.processors import load_processor
+
+                    self._image_processor = load_processor(self.model_path).image_processor
+                out = self._image_processor(images=[load_image(i) for i in items], return_tensors="pt")
+            pixel_values, grids = out["pixel_values"], out["image_grid_thw"]
+        grids = torch.as_tensor(grids).long().reshape(-1, 3)
+        positions, delta = mrope_position_ids(prompt, grids, token, self.vision[1])  # checks tokens against grids
+        patches = [int(g.prod()) for g in grids]
+        merged = [n // self.vision[1] ** 2 for n in patches]
+        spans, start = [], 0
+        for count in merged:
+            start = prompt.index(token, start)
+            spans.append((start, start + count))
+            start += count
+        offsets = [0, *torch.tensor(patches).cumsum(0).tolist()]
+        digests = tuple(image_digest(pixel_values[a:b]) for a, b in itertools.pairwise(offsets))
+        return _Images(pixel_values, grids, patches, spans, digests, positions, delta)
 
     def _stop_window(self, params: SamplingParams) -> int:
         """How many trailing output tokens to decode for ``params.stop`` (0 without stop strings)."""
@@ -320,7 +392,12 @@ class TransformersEngine(RolloutEngine):
             return params.stop_window(self._tokenizer)
 
     def _enqueue(
-        self, prompt: list[int], params: SamplingParams, return_logprob: bool, stop_window: int
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        return_logprob: bool,
+        stop_window: int,
+        images: _Images | None = None,
     ) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         tag = ROLLOUT_TRAJECTORY.get()
@@ -335,6 +412,7 @@ class TransformersEngine(RolloutEngine):
             stream = params.sampling_seed
         request = _Request(prompt, params, return_logprob, future, random.Random(str(stream)), stop_window, tag)
         request.order = request_order(tag, index)
+        request.images = images
         if params.max_new_tokens == 0:
             future.set_result(self._result(request, {"type": "length", "length": 0}))
             return future
@@ -435,11 +513,25 @@ class TransformersEngine(RolloutEngine):
         """Prefill the admitted prompts into the running batch: each distinct prompt once, after its cached prefix."""
         for request in admitted:
             self._note_version(request)
-        distinct: dict[tuple[int, ...], int] = {}
-        rows = [distinct.setdefault(tuple(r.input_ids), len(distinct)) for r in admitted]
-        prompts = [list(ids) for ids in distinct]
-        cached = [self.prefix_cache.pop_longest_prefix(p) if self.prefix_cache is not None else None for p in prompts]
-        cache, mask, logits = self._forward_prompts(prompts, cached)
+        distinct: dict[tuple[tuple[str, ...], tuple[int, ...]], int] = {}
+        firsts: list[_Request] = []  # one request per distinct prompt (and images)
+        rows = []
+        for r in admitted:
+            key = (r.scope, tuple(r.input_ids))
+            if key not in distinct:
+                distinct[key] = len(distinct)
+                firsts.append(r)
+            rows.append(distinct[key])
+        prompts = [list(ids) for _, ids in distinct]
+        cached = [
+            self.prefix_cache.pop_longest_prefix(r.input_ids, r.scope) if self.prefix_cache is not None else None
+            for r in firsts
+        ]
+        if self.vision is None:
+            cache, mask, logits = self._forward_prompts(prompts, cached)
+        else:
+            cached = [_whole_images(c, r.images) for c, r in zip(cached, firsts)]
+            cache, mask, logits = self._forward_prompts(prompts, cached, [r.images for r in firsts])
         if len(prompts) < len(admitted):  # copies of one prompt share its prefill
             index = torch.tensor(rows, device=self.device)
             for layer in kv_layers(cache):
@@ -451,13 +543,20 @@ class TransformersEngine(RolloutEngine):
         )
 
     def _forward_prompts(
-        self, prompts: list[list[int]], cached: list[CachedPrefix | None]
+        self,
+        prompts: list[list[int]],
+        cached: list[CachedPrefix | None],
+        images: list[_Images | None] | None = None,
     ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
         """One forward over the prompts' uncached tokens; returns the KV cache, its mask and last logits.
 
         Row layout: [padding, cached prefix | padding, new tokens], the cached part left-padded to the longest
         prefix and the new part to the longest remainder; padding is masked out, positions count real tokens.
+        ``images`` (a vision-language model's, one entry per prompt): 3-D positions, and the pixel values of the
+        images among each row's new tokens.
         """
+        if images is not None:
+            return self._forward_vision_prompts(prompts, cached, images)
         past = max((c.length for c in cached if c is not None), default=0)
         news = [p[c.length :] if c is not None else p for p, c in zip(prompts, cached)]
         width = max(map(len, news))
@@ -482,6 +581,54 @@ class TransformersEngine(RolloutEngine):
             **{self._cache_kwarg: cache},
             use_cache=True,
             logits_to_keep=1,
+        ).logits[:, -1, :]
+        return cache, mask, logits
+
+    def _forward_vision_prompts(
+        self, prompts: list[list[int]], cached: list[CachedPrefix | None], images: list[_Images | None]
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """:meth:`_forward_prompts` for a vision-language model: M-RoPE positions [3, B, W] (a text row's three
+        components are equal), and the pixel values of every image in a row's uncached tokens, in row order."""
+        past = max((c.length for c in cached if c is not None), default=0)
+        news = [p[c.length :] if c is not None else p for p, c in zip(prompts, cached)]
+        width = max(map(len, news))
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        positions = torch.zeros((3, len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), past + width), dtype=torch.long)
+        pixels, grids = [], []
+        for row, (prompt, new, hit, seen) in enumerate(zip(prompts, news, cached, images)):
+            reused = hit.length if hit is not None else 0
+            ids[row, width - len(new) :] = torch.tensor(new)
+            if seen is None:
+                positions[:, row, width - len(new) :] = torch.arange(reused, reused + len(new))
+            else:
+                positions[:, row, width - len(new) :] = seen.positions[:, reused : len(prompt)]
+                offsets = [0, *torch.tensor(seen.patches).cumsum(0).tolist()]
+                for k, (start, _) in enumerate(seen.spans):
+                    if start >= reused:  # an image in the new tokens (one in the cached part has its KV there)
+                        pixels.append(seen.pixel_values[offsets[k] : offsets[k + 1]])
+                        grids.append(seen.grids[k])
+            mask[row, past - reused : past] = 1
+            mask[row, past + width - len(new) :] = 1
+        cache = growing_cache()
+        if past:
+            for index, layer in enumerate(stack_prefixes(cached, past, self.device)):
+                cache.update(*layer, index)
+        mask = mask.to(self.device)
+        vision: dict[str, Any] = {}
+        if pixels:
+            vision = {
+                "pixel_values": torch.cat(pixels).to(self.device, self.model.dtype),
+                "image_grid_thw": torch.stack(grids).to(self.device),
+            }
+        logits = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask,
+            position_ids=positions.to(self.device),
+            **{self._cache_kwarg: cache},
+            use_cache=True,
+            logits_to_keep=1,
+            **vision,
         ).logits[:, -1, :]
         return cache, mask, logits
 
@@ -517,7 +664,7 @@ class TransformersEngine(RolloutEngine):
             return 0
         if self.prefix_cache is not None:  # every token fed so far: the prompt and all but the last output
             for row, request, _ in finished:
-                self.prefix_cache.store(request.input_ids + request.output_ids[:-1], batch.row_kv(row))
+                self.prefix_cache.store(request.input_ids + request.output_ids[:-1], batch.row_kv(row), request.scope)
         # Results go out last: each wakes an agent on the event loop, whose Python would then contend for the GIL
         # with this thread's many small tensor operations (measured: 1 s of a 1.9 s multi-turn rollout).
         for _, request, reason in finished:
@@ -584,6 +731,15 @@ class TransformersEngine(RolloutEngine):
         if request.return_logprob:
             meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(request.logprobs, request.output_ids)]
         return {"output_ids": list(request.output_ids), "meta_info": meta}
+
+
+def _whole_images(hit: CachedPrefix | None, images: _Images | None) -> CachedPrefix | None:
+    """``hit``, unless it ends inside an image's tokens (an image is encoded whole, never in part): then None."""
+    if hit is None or images is None:
+        return hit
+    if any(start < hit.length < end for start, end in images.spans):
+        return None
+    return hit
 
 
 def _deliver(request: _Request, result: GenerateResult | None = None, error: BaseException | None = None) -> None:

@@ -325,6 +325,8 @@ class SGLangHTTPEngine(_SGLangBase):
             "sampling_params": _validated(sampling_params),
             "return_logprob": return_logprob,
         }
+        if kwargs.get("image_data") is not None:  # PIL images travel as data URLs (SGLang loads those)
+            kwargs["image_data"] = _jsonable_images(kwargs["image_data"])
         response = await self._client().post("/generate", json={**body, **kwargs})
         response.raise_for_status()
         result = response.json()
@@ -430,6 +432,24 @@ def flattened_payloads(pairs: list[tuple[str, torch.Tensor]], tp_size: int) -> l
     bucket = FlattenedTensorBucket(named_tensors=pairs)
     payload = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
     return [MultiprocessingSerializer.serialize(payload, output_str=True) for _ in range(tp_size)]
+
+
+def _jsonable_images(image_data: Any) -> Any:
+    """``image_data`` for a JSON request: each PIL image as a PNG ``data:`` URL, lists kept, anything else as is."""
+    if isinstance(image_data, (list, tuple)):
+        return [_jsonable_images(item) for item in image_data]
+    if hasattr(image_data, "save") and hasattr(image_data, "mode"):  # a PIL image
+        import base64
+        import io
+
+        buffer = io.BytesIO()
+        image_data.save(buffer, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    if isinstance(image_data, bytes):
+        import base64
+
+        return "data:image/png;base64," + base64.b64encode(image_data).decode("ascii")
+    return image_data
 
 
 def _on_accelerator(device: Any) -> bool:

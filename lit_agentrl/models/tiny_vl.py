@@ -27,12 +27,14 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from lit_agentrl.models.tiny import build_tokenizer, chat_template
+from lit_agentrl.models.tiny import QUICKSTART_WORDS, build_tokenizer, build_word_tokenizer, chat_template
 
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 VISION_TOKENS = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
 PROCESSOR_CLASS = "Qwen2_5_VLProcessor"
+VISION_WORDS = [*QUICKSTART_WORDS, "red", "green", "blue", "yellow", "colour", "what", "is", "the", "square"]
+"""The ``words`` tokenizer's vocabulary: the quickstart's words and the vision quickstart's colours and question."""
 
 # Renders a message's content: a string as is; a list of parts (OpenAI/LangChain/Qwen layouts) with each image or
 # video part as Qwen's placeholder, which the processor widens to one pad token per merged patch.
@@ -73,6 +75,9 @@ class TinyVLConfig:
     max_pixels: int = 112 * 112
     """At most 112x112 pixels reach the vision tower: 64 patches, 16 image tokens per image."""
     seed: int = 0
+    tokenizer: str = "bpe"
+    """``bpe``: byte-level BPE; ``words``: the closed word-level vocabulary :data:`VISION_WORDS` (the vision
+    quickstart's: a random model names a colour by chance often enough for GRPO to start)."""
 
 
 def vl_chat_template() -> str:
@@ -87,9 +92,12 @@ def vl_chat_template() -> str:
     return _CONTENT_MACRO + rendered.replace(assistant, f"render_content{assistant}")
 
 
-def build_vl_tokenizer(vocab_size: int = 384) -> PreTrainedTokenizerFast:
-    """The tiny BPE tokenizer with the vision tokens (special: one id each) and :func:`vl_chat_template`."""
-    tokenizer = build_tokenizer(vocab_size)
+def build_vl_tokenizer(vocab_size: int = 384, kind: str = "bpe") -> PreTrainedTokenizerFast:
+    """The tiny BPE (or ``words``) tokenizer with the vision tokens (special: one id each) and
+    :func:`vl_chat_template`."""
+    if kind not in ("bpe", "words"):
+        raise ValueError(f"tokenizer must be 'bpe' or 'words', got {kind!r}")
+    tokenizer = build_tokenizer(vocab_size) if kind == "bpe" else build_word_tokenizer(VISION_WORDS)
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
     tokenizer.chat_template = vl_chat_template()
     return tokenizer
@@ -163,7 +171,7 @@ def save_tiny_vl_model(out_dir: str | Path, cfg: TinyVLConfig | None = None) -> 
     cfg = cfg or TinyVLConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_vl_tokenizer(cfg.vocab_size)
+    tokenizer = build_vl_tokenizer(cfg.vocab_size, cfg.tokenizer)
     tokenizer.save_pretrained(out)
     build_image_processor(cfg).save_pretrained(out)
     build_vl_model(tokenizer, cfg).save_pretrained(out)
@@ -177,8 +185,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory to write the model, tokenizer and processor to")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", choices=["bpe", "words"], default="bpe")
     args = parser.parse_args(argv)
-    print(save_tiny_vl_model(args.out, TinyVLConfig(seed=args.seed)))
+    print(save_tiny_vl_model(args.out, TinyVLConfig(seed=args.seed, tokenizer=args.tokenizer)))
 
 
 if __name__ == "__main__":

@@ -335,6 +335,7 @@ def _to_trajectory(
         str_output=output.str_output,
         seconds=seconds,
         messages=extra.pop(MESSAGES_FIELD, None),
+        multi_modal_inputs=output.multi_modal_inputs,
         extra_fields=extra,
     )
 

@@ -101,7 +101,7 @@ def test_faulty_trajectories_are_counted_and_the_batch_survives(engine, tokenize
         row("not_registered_agent"),
     ]
     # Generous: the real model turn of test_self_scoring_agent must finish in time even on a loaded machine.
-    manager = RolloutManager([engine], tokenizer, trajectory_timeout_s=3.0)
+    manager = RolloutManager([engine], tokenizer, trajectory_timeout_s=10.0)
     batch = manager.generate(rows, n_samples=2, sampling_params=SAMPLING)
     manager.close()
     by_agent = {t.agent_name: t for t in batch.trajectories}

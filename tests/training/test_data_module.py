@@ -81,7 +81,9 @@ def test_fields_an_agent_declares_are_required_of_every_row_at_setup(tmp_path):
     with pytest.raises(UserInputError) as info:
         load_and_validate([str(path)], reward_fn=None)
     message = str(info.value)
-    assert "2 lines (2, 3): field 'hint' is missing or null; agent 'test_agent_with_required_fields' needs it" in message
+    assert (
+        "2 lines (2, 3): field 'hint' is missing or null; agent 'test_agent_with_required_fields' needs it" in message
+    )
     assert "line 1" not in message
 
 
