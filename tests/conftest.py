@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,16 @@ from lit_agentrl.models.tiny import save_tiny_model
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "lit-agentrl-hypothesis")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb_run_left_open():
+    """A wandb run a test leaves open would be reused by the next WandbLogger in this process (wandb attaches to
+    ``wandb.run``): finish it after every test."""
+    yield
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
 
 
 @pytest.fixture(scope="session")
