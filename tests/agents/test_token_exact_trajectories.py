@@ -172,3 +172,27 @@ def test_seed_style_agent_gets_row_fields_and_cfg(scripted_engine_factory, token
     assert_token_invariants(output, engine)
     assert "42" in output.str_output and output.reward_score == 1.0
     assert output.extra_fields["unit"] == "apples"
+
+
+@pytest.mark.slow  # runs the model's code in the sandbox
+def test_seed_style_code_agent_runs_its_code_in_our_sandbox_through_the_rollout_manager(
+    scripted_engine_factory, tokenizer
+):
+    import seed_code_style_agent  # noqa: F401  registers seed_style_code_agent
+
+    from lit_agentrl.rollout.manager import RolloutManager
+
+    engine = scripted_engine_factory([tool_call_text("python", {"code": "print(6 * 7)"}), "It is \\boxed{42}."])
+    row = {
+        "agent_name": "seed_style_code_agent",
+        "prompt": [{"role": "user", "content": "6 x 7?"}],
+        "ground_truth": "42",
+    }
+    manager = RolloutManager([engine], tokenizer, check_template_drift=True)
+    (trajectory,) = manager.generate([row], n_samples=1, sampling_params=SAMPLING).trajectories
+    manager.close()
+    assert not trajectory.failed, trajectory.failure_traceback
+    assert trajectory.reward == 1.0 and trajectory.num_tool_calls == 1
+    tool_turn = next(m for m in trajectory.messages if m["role"] == "tool")
+    assert tool_turn["content"] == "<returncode>0</returncode><stdout>42\n</stdout><stderr></stderr>"
+    assert trajectory.extra_fields["template_drift"] == 0
