@@ -13,31 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from langgraph.graph import END
-
 from lit_agentrl.agents.base import AgentGraphOutput
-from lit_agentrl.agents.chat_graph import MODEL_NODE, ChatAgentGraph
-from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.multimodal import attach_images
 from lit_agentrl.agents.registry import register
+from lit_agentrl.agents.single_turn import SingleTurnAgentGraph
 
 
 @register("geo3k_agent")
-class Geo3kAgentGraph(ChatAgentGraph):
-    """One model turn on the problem with its figure(s)."""
-
-    def build_graph(self) -> Any:
-        self.chatmodel = self.make_chat_model()
-        workflow = self.chat_workflow()
-        workflow.add_edge(MODEL_NODE, END)
-        self.graph = workflow.compile()
-        return self.graph
+class Geo3kAgentGraph(SingleTurnAgentGraph):
+    """``single_turn`` on the problem with its figure(s) put in place of its ``<image>`` placeholders."""
 
     async def run(
         self, messages: Sequence[Any], sampling_params: dict[str, Any], images: list[Any] | None = None, **kwargs: Any
     ) -> AgentGraphOutput:
-        prompt = attach_images(messages, images)
-        system_prompt = cfg_get(self.cfg, "system_prompt", None)
-        if system_prompt and not (prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system"):
-            prompt.insert(0, {"role": "system", "content": system_prompt})
-        return self.convert_agent_graph_output(await self.invoke_graph(prompt, sampling_params))
+        return await super().run(attach_images(messages, images), sampling_params, **kwargs)
