@@ -555,52 +555,22 @@ class TransformersEngine(RolloutEngine):
         ``images`` (a vision-language model's, one entry per prompt): 3-D positions, and the pixel values of the
         images among each row's new tokens.
         """
-        if images is not None:
-            return self._forward_vision_prompts(prompts, cached, images)
         past = max((c.length for c in cached if c is not None), default=0)
         news = [p[c.length :] if c is not None else p for p, c in zip(prompts, cached)]
         width = max(map(len, news))
         ids = torch.zeros((len(prompts), width), dtype=torch.long)
-        positions = torch.zeros((len(prompts), width), dtype=torch.long)
+        # M-RoPE positions are [3, B, W] (a text row's three components are equal); plain ones [B, W].
+        components = () if images is None else (3,)
+        positions = torch.zeros((*components, len(prompts), width), dtype=torch.long)
         mask = torch.zeros((len(prompts), past + width), dtype=torch.long)
-        for row, (new, hit) in enumerate(zip(news, cached)):
+        pixels: list[torch.Tensor] = []
+        grids: list[torch.Tensor] = []
+        for row, (prompt, new, hit) in enumerate(zip(prompts, news, cached)):
             reused = hit.length if hit is not None else 0
             ids[row, width - len(new) :] = torch.tensor(new)
-            positions[row, width - len(new) :] = torch.arange(reused, reused + len(new))
-            mask[row, past - reused : past] = 1
-            mask[row, past + width - len(new) :] = 1
-        cache = growing_cache()
-        if past:
-            for index, layer in enumerate(stack_prefixes(cached, past, self.device)):
-                cache.update(*layer, index)
-        mask = mask.to(self.device)
-        logits = self.model(
-            input_ids=ids.to(self.device),
-            attention_mask=mask,
-            position_ids=positions.to(self.device),
-            **{self._cache_kwarg: cache},
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1, :]
-        return cache, mask, logits
-
-    def _forward_vision_prompts(
-        self, prompts: list[list[int]], cached: list[CachedPrefix | None], images: list[_Images | None]
-    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
-        """:meth:`_forward_prompts` for a vision-language model: M-RoPE positions [3, B, W] (a text row's three
-        components are equal), and the pixel values of every image in a row's uncached tokens, in row order."""
-        past = max((c.length for c in cached if c is not None), default=0)
-        news = [p[c.length :] if c is not None else p for p, c in zip(prompts, cached)]
-        width = max(map(len, news))
-        ids = torch.zeros((len(prompts), width), dtype=torch.long)
-        positions = torch.zeros((3, len(prompts), width), dtype=torch.long)
-        mask = torch.zeros((len(prompts), past + width), dtype=torch.long)
-        pixels, grids = [], []
-        for row, (prompt, new, hit, seen) in enumerate(zip(prompts, news, cached, images)):
-            reused = hit.length if hit is not None else 0
-            ids[row, width - len(new) :] = torch.tensor(new)
+            seen = images[row] if images is not None else None
             if seen is None:
-                positions[:, row, width - len(new) :] = torch.arange(reused, reused + len(new))
+                positions[..., row, width - len(new) :] = torch.arange(reused, reused + len(new))
             else:
                 positions[:, row, width - len(new) :] = seen.positions[:, reused : len(prompt)]
                 offsets = [0, *torch.tensor(seen.patches).cumsum(0).tolist()]
