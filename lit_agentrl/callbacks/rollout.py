@@ -262,9 +262,7 @@ class RolloutCallback(Callback):
                 rows, self.n_samples, self.sampling_params, self._seed(trainer, f"extra-{round_}", batch)
             )
 
-        def global_sum(value: float) -> float:
-            return float(trainer.strategy.reduce(torch.tensor(value, device=pl_module.device), reduce_op="sum"))
-
+        global_sum = functools.partial(_reduce, trainer, pl_module.device, op="sum")
         result = dynamic_rollout(
             batch.rows, generate, datamodule.draw_extra_train_rows, global_sum, datamodule.dynamic_max_rounds
         )
@@ -385,13 +383,13 @@ class RolloutCallback(Callback):
         """A rollout's seed, keyed by (run seed, rank, phase, the batch's place in the data): the same whether the
         rollout runs at its step (sync) or ahead of it (async), in an unbroken run or a resumed one."""
         key = f"{self._base_seed}/{trainer.global_rank}/{phase}/{batch.epoch}/{batch.index}"
-        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
+        return _key_hash(key) >> 1
 
     def _reseed(self, trainer: L.Trainer, phase: str) -> None:
         """Sampling streams keyed by (seed, rank, step, phase): a resumed run samples what an unbroken one would."""
         key = f"{self._base_seed}/{trainer.global_rank}/{trainer.global_step}/{phase}"
         for index, engine in enumerate(self.engines):  # a no-op for engines that cannot reseed (SGLang)
-            engine.reseed(int.from_bytes(hashlib.sha256(f"{key}/{index}".encode()).digest()[:8], "little"))
+            engine.reseed(_key_hash(f"{key}/{index}"))
 
     # ------------------------------------------------------------------ weight sync
 
@@ -532,6 +530,11 @@ def _grpo_module(pl_module: L.LightningModule) -> GRPOModule:
     if not isinstance(pl_module, GRPOModule):
         raise TypeError(f"RolloutCallback trains a GRPOModule, not a {type(pl_module).__name__}")
     return pl_module
+
+
+def _key_hash(key: str) -> int:
+    """A 64-bit seed from a text key, the same in every process and run."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
 
 
 def _reduce(trainer: L.Trainer, device: torch.device, value: float, op: str) -> float:
