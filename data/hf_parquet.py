@@ -112,13 +112,14 @@ def task_row(
     data_source: str,
     agent_name: str,
     agent_cfg_path: str,
-    user: str,
+    user: str | list[dict[str, Any]],
     ground_truth: str,
     extra_info: dict[str, Any],
     system: str | None = None,
-    images: list[str] | None = None,
+    ability: str | None = None,
 ) -> dict[str, Any]:
-    """One agent-task row: a ``[system,] user`` prompt, ``images`` when given, and a rule-style reward."""
+    """One agent-task row: a ``[system,] user`` prompt (the user content a string or a list of content parts), the
+    ``ability`` when given, and a rule-style reward."""
     prompt = [{"role": "system", "content": system}] if system is not None else []
     row: dict[str, Any] = {
         "data_source": data_source,
@@ -126,8 +127,8 @@ def task_row(
         "agent_cfg_path": agent_cfg_path,
         "prompt": [*prompt, {"role": "user", "content": user}],
     }
-    if images is not None:
-        row["images"] = images
+    if ability is not None:
+        row["ability"] = ability
     row["reward_model"] = {"style": "rule", "ground_truth": ground_truth}
     row["extra_info"] = extra_info
     return row

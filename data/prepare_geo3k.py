@@ -11,19 +11,23 @@ the Hub layout (``data/train-00000-of-00001.parquet``) or flat (``train.parquet`
 
 For each split a ``<split>.jsonl`` file is written into ``--local_dir``, and the split's images into
 ``--local_dir/images/<split>/`` (one file per image, named ``<index>-<k>`` with the image's own format suffix);
-each line is one row::
+each line is one row, laid out as the seed's ``geo3k_agent.py`` writes its rows::
 
     {"data_source": "hiyouga/geometry3k",
      "agent_name": "geo3k_agent",
      "agent_cfg_path": "configs/agents/geo3k.yaml",
-     "prompt": [{"role": "user", "content": problem + " " + INSTRUCTION}],
-     "images": ["/abs/local_dir/images/train/0-0.png"],
+     "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": [{"type": "image", "image": "/abs/local_dir/images/train/0-0.png"},
+                                             {"type": "text", "text": problem + " " + INSTRUCTION}]}],
+     "ability": "math",
      "reward_model": {"style": "rule", "ground_truth": answer},
      "extra_info": {"split": "train", "index": i, "answer": answer, "question": problem}}
 
-Images are stored as absolute paths (JSON has no bytes), so the rows work from any working directory; move the
-folder and rerun the script. The ``<image>`` placeholder stays in the prompt text, as in the seed's rows: the agent
-turns it into an image part. Rows with no answer or with an image that has neither bytes nor an existing file are
+The figures go first in the user turn, as image parts, and the problem's ``<image>`` placeholders are removed from
+its text. Images are stored as absolute paths (the seed embeds them as base64 JPEG; files keep the JSONL small and
+the pictures viewable), so the rows work from any working directory; move the folder and rerun the script. The
+prompt asks the model to reason in ``<think>`` tags, to check its answer with the agent's ``calc_geo3k_reward`` tool
+and to answer in ``\\boxed{}``. Rows with no answer or with an image that has neither bytes nor an existing file are
 skipped and reported on stderr. ``data_source`` selects the ``geo3k`` reward. The script needs ``pyarrow`` (and
 ``hf_parquet.py`` beside it).
 """
@@ -46,9 +50,14 @@ DEFAULT_AGENT_CFG_PATH = "configs/agents/geo3k.yaml"
 REQUIRED_COLUMNS: tuple[str, ...] = ("images", "problem", "answer")
 IMAGE_PLACEHOLDER = "<image>"
 
+SYSTEM_PROMPT = (
+    "You are a math expert who solves geometry problems from their figures. Reason step by step before any tool "
+    "call. Check your answer with the `calc_geo3k_reward` tool at least once before you give the final answer, and "
+    "correct it if the tool says it is wrong. Put the final answer within \\boxed{}."
+)
 INSTRUCTION = (
-    "Think the problem through step by step inside <think> </think> tags first, "
-    "then give the final answer within \\boxed{}."
+    "Think the problem through step by step inside <think> </think> tags first, check your answer with the "
+    "`calc_geo3k_reward` tool, then give the final answer within \\boxed{}."
 )
 
 _MAGIC: tuple[tuple[bytes, str], ...] = (
@@ -103,12 +112,15 @@ def make_row(
     if images is None:
         return None
     problem = str(record["problem"]).strip()
+    text = problem.replace(IMAGE_PLACEHOLDER, "").strip()
+    figures: list[dict[str, Any]] = [{"type": "image", "image": path} for path in images]
     return task_row(
         data_source=DATA_SOURCE,
         agent_name=agent_name,
         agent_cfg_path=agent_cfg_path,
-        user=f"{problem} {INSTRUCTION}",
-        images=images,
+        system=SYSTEM_PROMPT,
+        user=[*figures, {"type": "text", "text": f"{text} {INSTRUCTION}"}],
+        ability="math",
         ground_truth=answer,
         extra_info={"split": split, "index": index, "answer": answer, "question": problem},
     )

@@ -289,8 +289,9 @@ def _prompt_errors(row: Mapping[str, Any]) -> list[str]:
 def _message_problem(message: Any) -> str | None:
     """What is wrong with one prompt message (text following the field's name), or None.
 
-    ``content`` must be a string: chat templates concatenate it, so a null would fail mid-rollout or render as
-    "None". The one exception is OpenAI's layout of an assistant turn that only calls tools (null content, non-empty
+    ``content`` must be a string, or a list of content parts (text parts and image parts, as vision-language rows
+    carry them: :mod:`lit_agentrl.agents.multimodal`); a null would fail mid-rollout or render as "None". The one
+    exception is OpenAI's layout of an assistant turn that only calls tools (null content, non-empty
     ``tool_calls``), which templates render.
     """
     if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
@@ -304,9 +305,27 @@ def _message_problem(message: Any) -> str | None:
             f".content is {state} (role {role!r}); it must be a string ('' for an empty turn); "
             "only an assistant message with 'tool_calls' may leave it null"
         )
+    if isinstance(content, list):
+        return next((f".content[{k}]{p}" for k, part in enumerate(content) if (p := _part_problem(part))), None)
     if content is not None and not isinstance(content, str):
-        return f".content must be a string, got {_json_type(content)} {_short(content)}"
+        return f".content must be a string or a list of content parts, got {_json_type(content)} {_short(content)}"
     return None
+
+
+def _part_problem(part: Any) -> str | None:
+    """What is wrong with one content part (a text part, or an image part whose image must load), or None."""
+    from lit_agentrl.agents.multimodal import image_source, is_image_part
+    from lit_agentrl.processors import load_image
+
+    if is_image_part(part):
+        try:
+            load_image(image_source(part))
+        except ValueError as exc:
+            return f": {exc}"
+        return None
+    if isinstance(part, Mapping) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+        return None
+    return f" must be a text part {{'type': 'text', 'text': '...'}} or an image part, got {_short(part)}"
 
 
 def _short(value: Any) -> str:
@@ -349,9 +368,12 @@ def load_and_validate(paths: Sequence[str], reward_fn: str | None) -> list[dict[
     return [row for file in files for row in file.rows]
 
 
-def _prompt_tokens(tokenizer: Any, row: Mapping[str, Any]) -> int:
-    text = tokenizer.apply_chat_template(row_prompt(row), tokenize=False, add_generation_prompt=True)
-    return len(tokenizer.encode(text, add_special_tokens=False))
+def _prompt_text(message: Mapping[str, Any]) -> str:
+    """A message's text, its text parts joined when its content is a list of parts."""
+    content = message.get("content") or ""
+    if isinstance(content, str):
+        return content
+    return " ".join(str(part.get("text")) for part in content if isinstance(part, Mapping) and part.get("text"))
 
 
 EXTRA_STREAM = 1_000_003
@@ -553,21 +575,25 @@ class AgentPromptDataModule(L.LightningDataModule):
             )
 
     def _limit_prompt_length(self, rows: list[dict[str, Any]], files: list[str]) -> list[dict[str, Any]]:
-        """Refuse or drop rows whose templated prompt exceeds ``max_prompt_length`` tokens."""
+        """Refuse or drop rows whose prompt exceeds ``max_prompt_length`` tokens (images counted as the tokens they
+        widen to: :mod:`lit_agentrl.prompt_tokens`)."""
         if self.max_prompt_length is None:
             return rows
         if not self.tokenizer_path:
             raise UserInputError(
                 "data.max_prompt_length needs data.tokenizer_path (the CLI links it to model.model_path)"
             )
-        from transformers import AutoTokenizer
+        from lit_agentrl.prompt_tokens import PromptMeasure
 
-        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
-        over = [i for i, row in enumerate(rows) if _prompt_tokens(tokenizer, row) > self.max_prompt_length]
+        measure = PromptMeasure(self.tokenizer_path)
+        try:
+            over = [i for i, row in enumerate(rows) if measure(row) > self.max_prompt_length]
+        except ValueError as exc:
+            raise UserInputError(f"{files}: {exc}") from exc
         if not over:
             return rows
-        example = str(row_prompt(rows[over[0]])[-1].get("content") or "")[:80]
-        what = f"{files}: {len(over)} of {len(rows)} prompts are longer than data.max_prompt_length={self.max_prompt_length} tokens (e.g. {example!r})"
+        example = _short(_prompt_text(row_prompt(rows[over[0]])[-1]))
+        what = f"{files}: {len(over)} of {len(rows)} prompts are longer than data.max_prompt_length={self.max_prompt_length} tokens (e.g. {example})"
         if self.overlong_prompts == "error":
             raise UserInputError(what, hint="raise data.max_prompt_length or set data.overlong_prompts: skip")
         rank_zero_info(f"AgentPromptDataModule: skipping them. {what}")

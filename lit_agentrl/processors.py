@@ -64,6 +64,9 @@ class ComposedVLProcessor:
         self.chat_template = tokenizer.chat_template
 
     def apply_chat_template(self, conversation: list[dict], **kwargs: Any) -> Any:
+        """The tokenizer's rendering with this processor's ``chat_template`` (which an agent may replace, as
+        transformers' processors allow), unless the call passes its own."""
+        kwargs.setdefault("chat_template", self.chat_template)
         return self.tokenizer.apply_chat_template(conversation, **kwargs)
 
     def __call__(

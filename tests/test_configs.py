@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from support import REPO_ROOT
 
 from lit_agentrl.agents import load_agent_cfg
@@ -38,6 +39,18 @@ def test_run_config_parses_and_instantiates(path: Path, monkeypatch, tmp_path):
     first_line = path.read_text().splitlines()[0]
     assert first_line.startswith("#"), "every config opens with a comment giving its launch command"
     assert "lit-agentrl fit --config configs/" + path.name in path.read_text()
+
+
+@pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
+def test_batch_sizes_divide_among_the_configs_own_processes(path: Path):
+    # Checked at setup on the real machines (data.setup): a GPU config that fails there fails after the launch.
+    config = yaml.safe_load(path.read_text())
+    devices, nodes = config["trainer"].get("devices", 1), config["trainer"].get("num_nodes", 1)
+    world = (devices if isinstance(devices, int) else 1) * nodes
+    data = config["data"]
+    for key in ("prompts_per_step", "val_prompts_per_step"):
+        if data.get(key) is not None:
+            assert data[key] % world == 0, f"data.{key}={data[key]} is not divisible by {world} processes"
 
 
 @pytest.mark.parametrize("path", AGENT_CONFIGS, ids=lambda p: p.name)

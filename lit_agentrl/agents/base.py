@@ -12,6 +12,7 @@ from langchain_core.runnables import Runnable
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lit_agentrl.agents.chat_model import ChatModel, find_last_ai_index
+from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.drift import count_template_drift
 from lit_agentrl.agents.multimodal import MULTI_MODAL_FIELD, infer_model_type, openai_messages
 
@@ -118,13 +119,25 @@ class AgentGraph(ABC):
         self.kwargs = kwargs
 
     def make_chat_model(self) -> ChatModel:
-        """A :class:`ChatModel` over this agent's engine and tokenizer (bind tools with ``.bind_tools``)."""
+        """A :class:`ChatModel` over this agent's engine and tokenizer (bind tools with ``.bind_tools``).
+
+        The agent YAML's ``chat_template`` (a Jinja string), when set, renders this agent's conversations instead of
+        the tokenizer's or processor's own: e.g. a template that lists tools, for a model whose own does not
+        (Qwen2.5-VL's). Token-exactness and the drift check use it too; other agents keep the model's template.
+        """
+        template_kwargs: dict[str, Any] = {"enable_thinking": False}
+        chat_template = cfg_get(self.cfg, "chat_template", None)
+        if chat_template is not None:
+            if not isinstance(chat_template, str) or "{" not in chat_template:
+                raise ValueError(f"agent {self.agent_name!r}: cfg.chat_template must be a Jinja template string")
+            template_kwargs["chat_template"] = chat_template
         return ChatModel(
             model=self.agent_name,
             llm=self.llm,
             tokenizer=self.tokenizer,
             processor=self.processor,
             model_type=self.model_type,
+            chat_template_kwargs=template_kwargs,
         )
 
     def build_graph(self) -> Any:

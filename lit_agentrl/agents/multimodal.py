@@ -39,10 +39,15 @@ MULTI_MODAL_FIELD = "multi_modal_inputs"
 
 
 def is_image_part(part: Any) -> bool:
-    """Whether one content part of a message is an image (by its ``type``, or an ``image``/``image_url`` key)."""
+    """Whether one content part of a message is an image: by its ``type``, or without one by a non-null ``image``/
+    ``image_url``. (Parquet files written by ``datasets`` give every part every key, null where unused: a text
+    part may carry ``"image_url": None``.)"""
     if not isinstance(part, Mapping):
         return False
-    return part.get("type") in IMAGE_PART_TYPES or "image" in part or "image_url" in part
+    kind = part.get("type")
+    if kind is not None:
+        return kind in IMAGE_PART_TYPES
+    return part.get("image") is not None or part.get("image_url") is not None
 
 
 def _content(message: Any) -> Any:
@@ -89,8 +94,8 @@ def template_messages(messages: Sequence[Any]) -> tuple[list[dict], list[Any]]:
                 parts.append({"type": "image"})
             elif isinstance(part, str):
                 parts.append({"type": "text", "text": part})
-            else:
-                parts.append(dict(part))
+            else:  # without null keys, which a template testing `'image_url' in part` would take for an image
+                parts.append({key: value for key, value in part.items() if value is not None})
         role = message.get("role") if isinstance(message, Mapping) else _ROLES.get(getattr(message, "type", ""), "user")
         rendered.append({"role": role, "content": parts})
     return rendered, sources

@@ -4,8 +4,9 @@
 imports them runs with its import line changed: ``acc_reward(predict_str, ground_truth, use_boxed=True)`` is 1.0
 when the answer (the last ``\\boxed{}`` of the text, or with ``use_boxed=False`` the whole text, e.g. a tool
 call's ``answer`` argument) is the ground truth, checked with math-verify (:func:`lit_agentrl.rewards.math.is_equiv`,
-thread-safe), else 0.0. The registered reward ``geo3k`` is that accuracy on a completion's boxed answer, like
-``math``; :func:`compute_score` mixes in the format credit the seed's module offers.
+thread-safe), else 0.0. The registered reward ``geo3k`` is the seed's rule reward for Geometry3K,
+:func:`compute_score`: 0.9 for the right boxed answer plus 0.1 for the format (reasoning in ``<think>`` tags, then
+the boxed answer).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def compute_score(predict_str: str, ground_truth: str, use_boxed: bool = True, f
 
 @register_reward("geo3k")
 def geo3k_reward(completion: str, ground_truth: str, **row: object) -> float:
-    """1.0 if the completion's last boxed answer equals ``ground_truth``, else 0.0 (``row`` is ignored)."""
-    return acc_reward(completion, ground_truth, use_boxed=True)
+    """:func:`compute_score` of the completion (``row`` is ignored): 0.9 accuracy + 0.1 format, as the seed scores
+    ``hiyouga/geometry3k`` rows."""
+    return compute_score(completion, ground_truth)
 
 
 def ground_truth_problem(ground_truth: object) -> str | None:

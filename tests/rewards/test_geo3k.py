@@ -54,7 +54,9 @@ def test_compute_score_mixes_accuracy_and_format() -> None:
 def test_registered_for_the_geometry3k_data_source() -> None:
     assert get_reward_fn("geo3k") is geo3k_reward
     assert resolve_reward_fn({"data_source": DATA_SOURCE}, "math") is geo3k_reward
-    assert geo3k_reward("x = \\boxed{60}", "60", data_source=DATA_SOURCE) == 1.0
+    assert geo3k_reward("x = \\boxed{60}", "60", data_source=DATA_SOURCE) == pytest.approx(0.9)
+    assert geo3k_reward("<think>area</think> so \\boxed{60}", "60") == pytest.approx(1.0)
+    assert geo3k_reward("<think>area</think> so \\boxed{61}", "60") == pytest.approx(0.1)
     assert geo3k_reward("x = 60", "60") == 0.0
 
 

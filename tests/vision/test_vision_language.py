@@ -1,13 +1,11 @@
 """Vision-language agents end to end on a tiny Qwen2.5-VL built locally: processor, ChatModel rendering, the engine,
-the training forward and weight sync, row validation, and the seed-style Geometry3K agent through the rollout manager.
+the training forward and weight sync, and rows with images (the Geometry3K agents: test_geo3k_agents.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
-import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,6 @@ from lit_agentrl.loading import shard_units
 from lit_agentrl.logprobs import model_token_logprobs
 from lit_agentrl.models.tiny_vl import IMAGE_PAD, TinyVLConfig, save_tiny_vl_model
 from lit_agentrl.processors import ComposedVLProcessor, load_processor, mrope_position_ids, vision_settings
-from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.types import Trajectory
 
 GREEDY = {"max_new_tokens": 4, "temperature": 0.0}
@@ -290,39 +287,3 @@ def test_rows_with_images_are_validated_at_setup(tmp_path: Path) -> None:
     assert row_errors({**base, "images": "fig.png"}, tmp_path, None) == [
         "field 'images' must be a list of images, got string 'fig.png'"
     ]
-
-
-# ------------------------------------------------------------------ the seed's Geometry3K agent, imports changed
-
-
-def test_a_seed_style_geo3k_agent_trains_through_the_rollout_manager(tmp_path: Path) -> None:
-    # The BPE tokenizer's larger vocabulary: the untrained model rarely draws the image placeholder itself (which
-    # fails a trajectory), and the engine's seeded streams make this run the same every time.
-    vl_dir = save_tiny_vl_model(tmp_path / "tiny-vl-bpe")
-    processor = load_processor(str(vl_dir))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agents"))
-    import seed_geo3k_style_agent  # noqa: F401  (registers seed_geo3k_style)
-
-    figure = tmp_path / "0-0.png"
-    square((10, 20, 30)).save(figure)
-    row = {
-        "data_source": "hiyouga/geometry3k",
-        "agent_name": "seed_geo3k_style",
-        "prompt": [{"role": "user", "content": "<image>Find x. Put the answer in \\boxed{}."}],
-        "images": [str(figure)],
-        "reward_model": {"style": "rule", "ground_truth": "3"},
-    }
-    engine = TransformersEngine(str(vl_dir), seed=0)
-    try:
-        manager = RolloutManager([engine], processor.tokenizer, processor=processor, check_template_drift=True)
-        batch = manager.generate([row, row], n_samples=2, sampling_params=SAMPLE)
-        manager.close()
-    finally:
-        engine.shutdown()
-    assert batch.stats.num_failed == 0, batch.stats.failure_reasons
-    assert batch.stats.template_drift == 0
-    for t in batch.trajectories:
-        assert t.multi_modal_inputs is not None and t.multi_modal_inputs["image_grid_thw"].tolist() == [[1, 4, 4]]
-        assert t.messages is not None and t.messages[0]["content"][0] == {"type": "image", "image": str(figure)}
-        json.dumps(t.messages)  # the trajectory log can write it
-    assert len(prepare_samples(batch.trajectories).samples) == 4
