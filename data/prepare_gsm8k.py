@@ -44,7 +44,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = ("question", "answer")
 
 SYSTEM_PROMPT = (
     "You are a math expert. You are given a question and you need to solve it step by step. "
-    "You may write Python code and run it with the `python_exec` tool to check your calculations. "
+    "You may write Python code and run it with the `execute_python` tool to check your calculations. "
     "Put your final answer within \\boxed{}."
 )
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -79,6 +79,7 @@ def make_row(
         system=SYSTEM_PROMPT,
         user=f"{question} {INSTRUCTION}",
         ground_truth=ground_truth,
+        ability="math",
         extra_info={"split": split, "index": index, "answer": record["answer"], "question": question},
     )
 

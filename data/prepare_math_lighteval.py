@@ -92,6 +92,7 @@ def make_row(
         system=SYSTEM_PROMPT,
         user=f"{str(record['problem']).strip()} {INSTRUCTION}",
         ground_truth=ground_truth,
+        ability="math",
         extra_info={
             "split": split,
             "index": index,

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from lit_agentrl.agents.chat_model import ChatModel, find_last_ai_index
 from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.drift import count_template_drift
-from lit_agentrl.agents.multimodal import MULTI_MODAL_FIELD, infer_model_type, openai_messages
+from lit_agentrl.agents.multimodal import MULTI_MODAL_FIELD, openai_messages
 
 
 class AgentGraphOutput(BaseModel):
@@ -79,8 +79,8 @@ class AgentGraph(ABC):
         llm: the rollout engine (SGLang's ``Engine`` API).
         tokenizer: the policy's tokenizer, with its chat template.
         processor: a vision-language policy's processor (the seed's signature); None for text models.
-        model_type: the policy's Hugging Face ``model_type`` (``self.model_type``, e.g. ``"qwen2_5_vl"``); by
-            default read from the ``config.json`` beside the processor or tokenizer, None when there is none.
+        model_type: ``"vlm"`` or ``"llm"`` (``self.model_type``), as the seed's framework names a vision-language
+            and a text policy; by default ``"vlm"`` when there is a processor, else ``"llm"``.
 
     Subclasses implement :meth:`build_graph` and ``async run(messages, sampling_params, **kwargs)``; every
     field of the dataset row reaches ``run`` as a keyword argument (the ground truth also as
@@ -115,7 +115,7 @@ class AgentGraph(ABC):
         self.llm = llm
         self.tokenizer = tokenizer
         self.processor = processor
-        self.model_type = model_type if model_type is not None else infer_model_type(processor, tokenizer)
+        self.model_type = model_type if model_type is not None else ("llm" if processor is None else "vlm")
         self.kwargs = kwargs
 
     def make_chat_model(self) -> ChatModel:

@@ -73,7 +73,8 @@ class ChatModel(BaseChatModel):
             text models. Messages with image content are rendered through it (the processor's chat template, the
             image processor, each placeholder widened to the image's tokens: :mod:`~lit_agentrl.agents.multimodal`),
             and the engine gets the images as ``image_data``; without one, an image fails the call with a clear error.
-        model_type: the policy's Hugging Face ``model_type`` (e.g. ``"qwen2_5_vl"``), for the seed's signature.
+        model_type: ``"vlm"`` or ``"llm"``, for the seed's signature (rendering follows the messages: a turn with
+            images goes through the processor whatever this says).
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
         max_parallel_calls: keep at most this many tool calls per turn (the seed's default, 1; None keeps all).
             The turn's tokens are kept as generated; only the calls beyond the limit go unanswered.

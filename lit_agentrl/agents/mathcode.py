@@ -1,6 +1,6 @@
 """``mathcode_agent``: the model solves a math problem by writing Python, run in a sandbox, and answers in ``\\boxed{}``.
 
-Graph: ``agent`` (model) -> [tool calls?] -> ``tools`` (runs each ``python_exec`` call's code) -> ``agent`` ... ;
+Graph: ``agent`` (model) -> [tool calls?] -> ``tools`` (runs each ``execute_python`` call's code) -> ``agent`` ... ;
 it ends when the model calls no tool, after ``cfg.max_ai_message_turn`` model turns, or past
 ``cfg.max_total_token_length`` tokens. The tool's answer is what the code printed, or the error (traceback
 tail, timeout, refused operation). The agent sets no ``reward_score``: the row's reward function (``math``)
@@ -41,7 +41,7 @@ WEAK_SANDBOX_KEY = "allow_weak_sandbox"
 
 
 @tool
-async def python_exec(code: str, **kwargs: Any) -> str:
+async def execute_python(code: str, **kwargs: Any) -> str:
     """Run Python code and return what it prints (stdout), or the error.
 
     Use print() to see values. Each call starts a fresh interpreter with the standard library: nothing
@@ -59,7 +59,7 @@ async def python_exec(code: str, **kwargs: Any) -> str:
 class MathCodeAgentGraph(ToolLoopAgentGraph):
     """The seed's second example: the model writes code, a sandbox runs it, the model answers in ``\\boxed{}``."""
 
-    tools: ClassVar[list[Any]] = [python_exec]
+    tools: ClassVar[list[Any]] = [execute_python]
     default_max_turns = 4
 
     def __init__(
@@ -81,7 +81,7 @@ class MathCodeAgentGraph(ToolLoopAgentGraph):
     async def run_tool(self, call: Mapping[str, Any], config: RunnableConfig) -> ToolMessage:
         code = call["args"].get("code") if isinstance(call["args"], dict) else None
         if not isinstance(code, str):
-            return error_message(call, "python_exec needs one argument, `code`, a string of Python source")
+            return error_message(call, "execute_python needs one argument, `code`, a string of Python source")
         try:
             result: SandboxResult = await self.code_runner.arun(code)
         except Exception as exc:  # e.g. a remote runner's connection error: the trajectory goes on

@@ -16,11 +16,8 @@ Image parts may be written in any of the usual layouts: ``{"type": "image", "ima
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -254,26 +251,3 @@ def encode_multimodal(
 
 def tokenizer_of(processor: Any) -> Any:
     return getattr(processor, "tokenizer", processor)
-
-
-def infer_model_type(processor: Any, tokenizer: Any) -> str | None:
-    """The policy's Hugging Face ``model_type`` (e.g. ``"qwen2_5_vl"``, ``"qwen3"``) from the ``config.json`` of
-    the folder the processor or tokenizer was loaded from; None when that is not a local model folder."""
-    for component in (processor, getattr(processor, "tokenizer", None), tokenizer):
-        folder = getattr(component, "name_or_path", None)
-        if isinstance(folder, str) and folder:
-            found = _config_model_type(folder)
-            if found is not None:
-                return found
-    return None
-
-
-@functools.lru_cache(maxsize=32)
-def _config_model_type(folder: str) -> str | None:
-    """``model_type`` of ``folder/config.json`` (cached: every agent graph built over the policy asks)."""
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    return model_type if isinstance(model_type, str) else None

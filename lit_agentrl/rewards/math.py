@@ -84,8 +84,9 @@ def _parse_answer(answer: str, timeout_s: int | None) -> list[object]:
     return fallback
 
 
-def is_equiv(pred: str, ground_truth: str) -> bool:
-    """Whether ``pred`` and ``ground_truth`` are the same mathematical answer.
+def is_equiv(pred: str, ground_truth: str, verbose: bool = False) -> bool:
+    """Whether ``pred`` and ``ground_truth`` are the same mathematical answer (``verbose`` is accepted for the seed's
+    signature and unused).
 
     Handles ``\\frac{1}{2}``/``0.5``/``1/2``, ``\\sqrt{8}``/``2\\sqrt{2}``,
     intervals, ``x=3``/``3`` and similar via math-verify. Never raises: any

@@ -17,9 +17,14 @@ event loop: a reward must be thread-safe, and ``signal``-based timeouts (``signa
 
 _REGISTRY: dict[str, RewardFn] = {}
 
-# Substring of a dataset's ``data_source`` that selects a registered reward
-# even when the source is not itself a registered name.
-_DATA_SOURCE_ALIASES: tuple[tuple[str, str], ...] = (("math", "math"), ("geometry3k", "geo3k"))
+# Substring of a dataset's ``data_source`` that selects a registered reward even when the source is not itself a
+# registered name; the seed's rule reward scores GSM8K and the AIME sets with its math reward too.
+_DATA_SOURCE_ALIASES: tuple[tuple[str, str], ...] = (
+    ("math", "math"),
+    ("gsm8k", "math"),
+    ("aime", "math"),
+    ("geometry3k", "geo3k"),
+)
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:

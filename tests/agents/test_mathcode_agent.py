@@ -41,7 +41,7 @@ def test_code_runs_and_the_boxed_answer_scores(scripted_engine_factory, tokenize
     engine = RecordingScripted(
         scripted_engine_factory(
             [
-                "Let me compute it.\n" + tool_call_text("python_exec", {"code": "print(6*7)"}),
+                "Let me compute it.\n" + tool_call_text("execute_python", {"code": "print(6*7)"}),
                 "The code printed 42, so the answer is \\boxed{42}.",
             ]
         )
@@ -65,8 +65,12 @@ def test_hostile_code_gets_error_tool_messages_and_the_trajectory_completes(
     engine = RecordingScripted(
         scripted_engine_factory(
             [
-                tool_call_text("python_exec", {"code": kill}) + "\n" + tool_call_text("python_exec", {"code": bomb}),
-                tool_call_text("python_exec", {"source": "print(1)"}) + "\n" + tool_call_text("shell", {"cmd": "ls"}),
+                tool_call_text("execute_python", {"code": kill})
+                + "\n"
+                + tool_call_text("execute_python", {"code": bomb}),
+                tool_call_text("execute_python", {"source": "print(1)"})
+                + "\n"
+                + tool_call_text("shell", {"cmd": "ls"}),
                 "\\boxed{42}",
             ]
         )
@@ -77,7 +81,7 @@ def test_hostile_code_gets_error_tool_messages_and_the_trajectory_completes(
     assert output.extra_fields["num_tool_errors"] == 4
     assert "PermissionError: sandbox: sending signals" in output.str_output
     assert "os.fork" in output.str_output
-    assert "python_exec needs one argument, `code`" in output.str_output
+    assert "execute_python needs one argument, `code`" in output.str_output
     assert "Error: unknown tool 'shell'" in output.str_output
     assert get_reward_fn("math")(output.str_output, "42") == 1.0
 
@@ -85,7 +89,7 @@ def test_hostile_code_gets_error_tool_messages_and_the_trajectory_completes(
 def test_turn_limit_ends_the_loop(scripted_engine_factory, tokenizer, tmp_path):
     cfg = tmp_path / "two_turns.yaml"
     cfg.write_text("max_ai_message_turn: 2\n")
-    call = tool_call_text("python_exec", {"code": "print(1)"})
+    call = tool_call_text("execute_python", {"code": "print(1)"})
     engine = RecordingScripted(scripted_engine_factory([call, call, call]))
     output = run_agent(engine, tokenizer, cfg)
     assert output.extra_fields["num_model_turns"] == 2 and len(engine.outputs) == 2
@@ -109,7 +113,7 @@ def make_fake_runner() -> FakeRemoteRunner:
 
 
 def test_a_remote_runner_plugs_in(scripted_engine_factory, tokenizer, tmp_path):
-    replies = [tool_call_text("python_exec", {"code": "print(6*7)"}), "\\boxed{42}"]
+    replies = [tool_call_text("execute_python", {"code": "print(6*7)"}), "\\boxed{42}"]
     runner = FakeRemoteRunner()
     output = run_agent(RecordingScripted(scripted_engine_factory(list(replies))), tokenizer, code_runner=runner)
     assert runner.codes == ["print(6*7)"] and "remote says 42" in output.str_output
@@ -132,7 +136,7 @@ def test_a_sandbox_without_a_file_system_layer_needs_the_opt_in(
 ):
     monkeypatch.setattr(mathcode, "PythonSandbox", HookOnlySandbox)
     engine = RecordingScripted(
-        scripted_engine_factory([tool_call_text("python_exec", {"code": "print(6*7)"}), "\\boxed{42}"])
+        scripted_engine_factory([tool_call_text("execute_python", {"code": "print(6*7)"}), "\\boxed{42}"])
     )
     with pytest.raises(UserInputError, match="allow_weak_sandbox: true") as refused:
         run_agent(engine, tokenizer, fast_cfg(tmp_path))

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,30 +38,16 @@ class _Processor:
         self.tokenizer = tokenizer
 
 
-def _model_folder(tmp_path: Path, model_type: str) -> Path:
-    folder = tmp_path / model_type
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
-    return folder
-
-
 # ------------------------------------------------------------------ AgentGraph.model_type / processor
 
 
-def test_model_type_of_a_text_policy_comes_from_its_config(tokenizer) -> None:
+def test_model_type_is_the_seeds_llm_or_vlm(tmp_path: Path, tokenizer) -> None:
     graph = _Graph("g", None, llm=None, tokenizer=tokenizer)
-    assert graph.model_type == "qwen3" and graph.processor is None
-
-
-def test_model_type_of_a_vision_language_policy_comes_from_the_processor(tmp_path: Path, tokenizer) -> None:
-    processor = _Processor(_model_folder(tmp_path, "qwen2_5_vl"))
+    assert graph.model_type == "llm" and graph.processor is None
+    processor = _Processor(tmp_path)
     graph = _Graph("g", None, llm=None, tokenizer=tokenizer, processor=processor)
-    assert graph.model_type == "qwen2_5_vl" and graph.processor is processor
-
-
-def test_model_type_given_wins_and_unknown_is_none(tokenizer) -> None:
+    assert graph.model_type == "vlm" and graph.processor is processor
     assert _Graph("g", None, None, tokenizer, None, model_type="vlm").model_type == "vlm"
-    assert _Graph("g", None, None, object()).model_type is None
     assert AgentGraph is BaseAgentGraph
 
 
@@ -71,8 +56,8 @@ def test_model_type_given_wins_and_unknown_is_none(tokenizer) -> None:
 
 def test_custom_chat_model_takes_processor_and_model_type(tmp_path: Path, tokenizer) -> None:
     processor = _Processor(tmp_path)
-    model = CustomChatModel(model="geo3k", llm=None, tokenizer=tokenizer, processor=processor, model_type="qwen2_5_vl")
-    assert model.processor is processor and model.model_type == "qwen2_5_vl"
+    model = CustomChatModel(model="geo3k", llm=None, tokenizer=tokenizer, processor=processor, model_type="vlm")
+    assert model.processor is processor and model.model_type == "vlm"
     assert model.max_parallel_calls == 1  # the seed's default
 
 

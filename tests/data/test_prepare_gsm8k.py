@@ -16,7 +16,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "data" / "prepare_gsm8k.py"
-TOP_LEVEL_KEYS = {"data_source", "agent_name", "agent_cfg_path", "prompt", "reward_model", "extra_info"}
+TOP_LEVEL_KEYS = {"data_source", "agent_name", "agent_cfg_path", "prompt", "ability", "reward_model", "extra_info"}
 
 
 def _load_script() -> ModuleType:
@@ -93,7 +93,7 @@ def test_rows_pass_the_data_checks_with_the_math_reward(tmp_path: Path) -> None:
     rows = [dict(r, agent_cfg_path=str(cfg)) for r in _read_jsonl(tmp_path / "out" / "test.jsonl")]
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (row,) = load_and_validate([str(data)], reward_fn="math")  # data.reward_fn: the source names no reward
+    (row,) = load_and_validate([str(data)], reward_fn=None)  # openai/gsm8k selects the math reward, as in the seed
     reward = resolve_reward_fn(row, "math")
     assert reward is not None and reward("so \\boxed{42}", "42") == 1.0
 

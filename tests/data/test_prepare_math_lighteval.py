@@ -17,7 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "data" / "prepare_math_lighteval.py"
 SAMPLES_DIR = REPO_ROOT / "data" / "samples"
 COLUMNS = ("problem", "level", "type", "solution")
-TOP_LEVEL_KEYS = {"data_source", "agent_name", "agent_cfg_path", "prompt", "reward_model", "extra_info"}
+TOP_LEVEL_KEYS = {"data_source", "agent_name", "agent_cfg_path", "prompt", "ability", "reward_model", "extra_info"}
 
 
 def _load_script() -> ModuleType:

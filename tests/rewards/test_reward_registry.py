@@ -55,7 +55,15 @@ def test_unknown_reward_lists_registered_names() -> None:
 
 @pytest.mark.parametrize(
     "data_source",
-    ["math", "DigitalLearningGmbH/MATH-lighteval", "math_lighteval", "HuggingFaceH4/MATH-500"],
+    # The seed's rule reward scores GSM8K and the AIME sets with its math reward too.
+    [
+        "math",
+        "DigitalLearningGmbH/MATH-lighteval",
+        "math_lighteval",
+        "HuggingFaceH4/MATH-500",
+        "openai/gsm8k",
+        "aime24",
+    ],
 )
 def test_resolve_by_data_source(data_source: str) -> None:
     register_reward("const")(_const_reward)
@@ -69,13 +77,13 @@ def test_resolve_exact_data_source_name() -> None:
 
 def test_resolve_falls_back_to_default() -> None:
     register_reward("const")(_const_reward)
-    assert resolve_reward_fn({"data_source": "openai/gsm8k"}, default="const") is _const_reward
+    assert resolve_reward_fn({"data_source": "my/counting-set"}, default="const") is _const_reward
     assert resolve_reward_fn({"prompt": "hi"}, default="const") is _const_reward
     assert resolve_reward_fn({"data_source": None}, default="const") is _const_reward
 
 
 def test_resolve_without_match_or_default_is_none() -> None:
-    assert resolve_reward_fn({"data_source": "openai/gsm8k"}, default=None) is None
+    assert resolve_reward_fn({"data_source": "my/counting-set"}, default=None) is None
     assert resolve_reward_fn({}, default=None) is None
 
 
