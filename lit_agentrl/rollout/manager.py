@@ -29,6 +29,7 @@ from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.rewards import RewardFn, resolve_reward_fn
 from lit_agentrl.rollout.background import BackgroundLoop
+from lit_agentrl.rollout.faults import TRAJECTORY_FAULTS, raise_reported_faults
 from lit_agentrl.rows import agent_run_kwargs
 from lit_agentrl.types import AGENT_METRICS_FIELD, RolloutBatch, RolloutStats, Trajectory
 
@@ -177,6 +178,8 @@ class RolloutManager:
         # carries the trajectory's tag (engines.admission).
         RUN_SAMPLING_PARAMS.set(sampling_params)
         ROLLOUT_TRAJECTORY.set(tag)
+        faults: list[str] = []
+        TRAJECTORY_FAULTS.set(faults)  # set-up faults fail the trajectory even when the agent catches them
         start = time.perf_counter()
         await tag.gate.acquire(tag.key)
         engine_index = self._route(group)
@@ -189,6 +192,7 @@ class RolloutManager:
                 kwargs = agent_run_kwargs(row)
                 run = graph.run(sampling_params=sampling_params, **kwargs)
                 output = await asyncio.wait_for(run, self.trajectory_timeout_s)
+                raise_reported_faults(faults)
                 if not isinstance(output, AgentGraphOutput):
                     raise TypeError(
                         f"{type(graph).__name__}.run returned {type(output).__name__}, not AgentGraphOutput"

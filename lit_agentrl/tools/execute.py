@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.rollout.faults import report_fault
 from lit_agentrl.tools.sandbox import CodeRunner, PythonSandbox, SandboxResult
 
 __all__ = ["ToolResponse", "execute_python_code", "execute_python_code_sync", "set_code_runner"]
@@ -121,13 +122,15 @@ def _with_timeout(sandbox: PythonSandbox, timeout: float) -> PythonSandbox:
 def _refuse_weak_sandbox(sandbox: PythonSandbox, allowed: bool) -> None:
     if allowed or sandbox.filesystem_isolated:
         return
-    raise UserInputError(
+    refusal = UserInputError(
         "execute_python_code: on this machine the code sandbox has no kernel-enforced file-system boundary (no "
         f"mount namespace: not root and no unprivileged user namespaces; isolation: {sandbox.isolation}), so only "
         "its audit hook would keep model-written code from the machine's files",
         hint="call lit_agentrl.tools.set_code_runner(allow_weak_sandbox=True) to accept that, run where the "
         "namespaces are allowed, or pass a remote runner (see the README, 'The code sandbox')",
     )
+    report_fault(str(refusal))  # an agent that answers any tool error with "tool execute error" still fails loudly
+    raise refusal
 
 
 def _response(result: SandboxResult) -> ToolResponse:

@@ -196,3 +196,32 @@ def test_seed_style_code_agent_runs_its_code_in_our_sandbox_through_the_rollout_
     tool_turn = next(m for m in trajectory.messages if m["role"] == "tool")
     assert tool_turn["content"] == "<returncode>0</returncode><stdout>42\n</stdout><stderr></stderr>"
     assert trajectory.extra_fields["template_drift"] == 0
+
+
+def test_a_refused_sandbox_fails_the_trajectory_even_when_the_agent_catches_it(
+    scripted_engine_factory, tokenizer, monkeypatch: pytest.MonkeyPatch
+):
+    # The seed-style agent answers every tool exception with "tool execute error"; a sandbox without its kernel
+    # boundary is a set-up fault no model can fix, so the trajectory must fail, not train on a broken tool.
+    import seed_code_style_agent  # noqa: F401  registers seed_style_code_agent
+
+    from lit_agentrl.rollout.manager import RolloutManager
+    from lit_agentrl.tools import set_code_runner
+    from lit_agentrl.tools.sandbox import PythonSandbox
+
+    monkeypatch.setattr(PythonSandbox, "filesystem_isolated", property(lambda self: False))
+    set_code_runner(None)
+    engine = scripted_engine_factory([tool_call_text("python", {"code": "print(6 * 7)"}), "It is \\boxed{42}."])
+    row = {
+        "agent_name": "seed_style_code_agent",
+        "prompt": [{"role": "user", "content": "6 x 7?"}],
+        "ground_truth": "42",
+    }
+    manager = RolloutManager([engine], tokenizer)
+    batch = manager.generate([row], n_samples=1, sampling_params=SAMPLING)
+    manager.close()
+    (trajectory,) = batch.trajectories
+    assert trajectory.failed and batch.stats.num_failed == 1
+    assert trajectory.failure_reason.startswith(
+        "TrajectoryFault: execute_python_code: on this machine the code sandbox"
+    )
