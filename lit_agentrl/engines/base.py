@@ -206,13 +206,11 @@ class EngineWrapper(RolloutEngine):
 
 
 def expected_weight_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
-    """State-dict names and shapes of the model at ``model_path``, built on the meta device (no memory)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """State-dict names and shapes of the model at ``model_path`` as the policy builds it (a causal LM, or a
+    vision-language model with its vision tower), on the meta device (no memory)."""
+    from lit_agentrl.loading import empty_model
 
-    config = AutoConfig.from_pretrained(model_path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    return {name: tuple(t.shape) for name, t in empty_model(model_path).state_dict().items()}
 
 
 def check_named_tensors(pairs: list[tuple[str, torch.Tensor]], shapes: Mapping[str, tuple[int, ...]]) -> str | None:

@@ -22,6 +22,7 @@ from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.processors import model_config
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ class SGLangEngine(_SGLangBase):
         self.tp_size = tp_size
         self.flattened_bucket = flattened_bucket
         self._shapes = expected_weight_shapes(model_path)
+        self._image_token_id = model_config(model_path).get("image_token_id")
 
     def _launch(self, **server_args: Any) -> Any:
         """Start SGLang's ``Engine`` from ``ServerArgs`` fields (tests override it to record them)."""
@@ -174,6 +176,8 @@ class SGLangEngine(_SGLangBase):
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:
+        if kwargs.get("image_data") is not None:
+            input_ids = one_placeholder_per_image(input_ids, self._image_token_id)
         return await self._engine.async_generate(
             input_ids=input_ids, sampling_params=_validated(sampling_params), return_logprob=return_logprob, **kwargs
         )
@@ -298,6 +302,7 @@ class SGLangHTTPEngine(_SGLangBase):
             raise UserInputError(f"engine_kwargs.transport must be 'inline' or 'ipc', got {transport!r}")
         self.url = url.rstrip("/")
         self._shapes = expected_weight_shapes(model_path)
+        self._image_token_id = model_config(model_path).get("image_token_id")
         self.tp_size, self.owner, self.transport, self._server = tp_size, owner, transport, server
         self._timeout = timeout_s
         self._sync = httpx.Client(base_url=self.url, timeout=timeout_s)
@@ -320,6 +325,8 @@ class SGLangHTTPEngine(_SGLangBase):
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:
+        if kwargs.get("image_data") is not None:
+            input_ids = one_placeholder_per_image(input_ids, self._image_token_id)
         body = {
             "input_ids": input_ids,
             "sampling_params": _validated(sampling_params),
@@ -432,6 +439,20 @@ def flattened_payloads(pairs: list[tuple[str, torch.Tensor]], tp_size: int) -> l
     bucket = FlattenedTensorBucket(named_tensors=pairs)
     payload = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
     return [MultiprocessingSerializer.serialize(payload, output_str=True) for _ in range(tp_size)]
+
+
+def one_placeholder_per_image(input_ids: Any, image_token_id: int | None) -> Any:
+    """``input_ids`` (one prompt or a batch) with each run of image pads narrowed to one pad, as the chat template
+    wrote it; SGLang widens it again to one pad per merged patch of the image in ``image_data``, keeping every
+    other token as sent. Sent widened (as :func:`~lit_agentrl.agents.multimodal.encode_multimodal` widens them),
+    the pads fail SGLang's check of one placeholder per image and it decodes the prompt and tokenizes the text
+    again (``SGLANG_MM_AVOID_RETOKENIZE``'s fallback), which changes any prompt not tokenized canonically.
+    """
+    if image_token_id is None or not input_ids:
+        return input_ids
+    if isinstance(input_ids[0], list):
+        return [one_placeholder_per_image(ids, image_token_id) for ids in input_ids]
+    return [t for k, t in enumerate(input_ids) if t != image_token_id or k == 0 or input_ids[k - 1] != image_token_id]
 
 
 def _jsonable_images(image_data: Any) -> Any:

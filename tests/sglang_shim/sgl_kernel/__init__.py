@@ -89,3 +89,31 @@ __getattr__ = _module_getattr(sys.modules[__name__])
 
 if not any(isinstance(f, _SubmoduleFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, _SubmoduleFinder())
+
+
+# Four CPU ops that SGLang 0.5.23 looks up when a module is imported, never calls for the models tested here:
+# sglang/srt/models/qwen3_5.py (under ``if _is_cpu``) binds ``torch.ops.sgl_kernel.fused_sigmoid_mul_cpu`` and
+# three more at import, and the Qwen-VL multimodal processor imports that module (through interns2_mobius.py). Absent,
+# the lookup raises AttributeError, SGLang's processor registry skips the Qwen-VL processor, and a Qwen2.5-VL server
+# dies at start ("No processor registered for architecture"). Their schemas are declared here without kernels, so a
+# call still fails loudly; every other name under torch.ops.sgl_kernel stays absent (the CPU probes above).
+IMPORT_ONLY_CPU_OPS = (
+    "fused_sigmoid_mul_cpu",
+    "fused_qk_gemma_rmsnorm_cpu",
+    "fused_qk_gemma_rmsnorm_with_gate_cpu",
+    "fused_qkvzba_split_reshape_cat_contiguous_cpu",
+)
+
+
+def _declare_import_only_ops() -> None:
+    import torch
+
+    library = torch.library.Library("sgl_kernel", "FRAGMENT")
+    for name in IMPORT_ONLY_CPU_OPS:
+        if not hasattr(torch.ops.sgl_kernel, name):
+            library.define(name + "(Tensor x) -> ()")
+    _LIBRARIES.append(library)  # a Library drops its definitions when collected
+
+
+_LIBRARIES: list = []
+_declare_import_only_ops()
