@@ -331,7 +331,7 @@ class RolloutCallback(Callback):
         if self.partial_rollouts and not all(engine.updates_while_generating for engine in self.engines):
             raise UserInputError(
                 f"RolloutCallback.partial_rollouts pushes weights while requests are in flight; engine "
-                f"{self.engine_name!r} cannot take them then (tested only for the transformers engine)",
+                f"{self.engine_name!r} cannot take them then (the transformers engine and SGLang servers can)",
                 hint="partial_rollouts: false (the push then waits for the rollouts in flight)",
             )
 

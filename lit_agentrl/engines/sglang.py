@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from lit_agentrl.engines.admission import ROLLOUT_TRAJECTORY
 from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors, expected_weight_shapes
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
@@ -240,6 +241,7 @@ class SGLangHTTPEngine(_SGLangBase):
 
     shared = True
     generates_beside_trainer = True  # a separate server; one async client per event loop
+    updates_while_generating = True  # a push pauses the server and continues its requests on the new weights
 
     @classmethod
     def build(
@@ -334,9 +336,12 @@ class SGLangHTTPEngine(_SGLangBase):
         }
         if kwargs.get("image_data") is not None:  # PIL images travel as data URLs (SGLang loads those)
             kwargs["image_data"] = _jsonable_images(kwargs["image_data"])
+        tag = ROLLOUT_TRAJECTORY.get()
         response = await self._client().post("/generate", json={**body, **kwargs})
         response.raise_for_status()
         result = response.json()
+        if tag is not None:  # a push while the request ran continued it on newer weights (partial rollouts)
+            tag.gate.note_version(tag.key, self.weight_version)
         for item in result if isinstance(result, list) else [result]:
             meta = item["meta_info"]
             if meta.get("output_token_logprobs") is not None:
@@ -354,6 +359,24 @@ class SGLangHTTPEngine(_SGLangBase):
 
     def _call(self, what: str) -> Any:
         return self._post(f"/{what}")
+
+    def begin_weight_update(self) -> None:
+        """Pause the server, then open SGLang's update session. The pause (``pause_generation``, ``retract``) sends
+        the requests in flight back to the queue, keeping their tokens and log-probs and freeing their KV, so a push
+        neither waits for them nor lands between the layers of a step; after :meth:`end_weight_update` they continue
+        on the new weights, their KV computed again (``partial_rollouts``)."""
+        _raise_unless(self._post("/pause_generation", {"mode": "retract"}), "pause_generation")
+        try:
+            super().begin_weight_update()
+        except BaseException:
+            self._post("/continue_generation")
+            raise
+
+    def end_weight_update(self) -> None:
+        try:
+            super().end_weight_update()
+        finally:
+            _raise_unless(self._post("/continue_generation"), "continue_generation")
 
     def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
         """One payload per tensor-parallel rank: CUDA IPC handles of a flattened bucket (``ipc``, GPU tensors), or

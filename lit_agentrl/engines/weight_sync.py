@@ -63,9 +63,10 @@ def sync_weights(
         if weight_version is not None:
             for engine in engines:
                 engine.weight_version = weight_version
+        for engine in engines:  # inside the session: a paused engine's requests continue without the old prefixes
+            if not engine.flush_cache():
+                raise RuntimeError(f"weight sync: {type(engine).__name__} kept the old weights' prefix cache")
     finally:
         for engine in engines:
             engine.end_weight_update()
-    for engine in engines:
-        engine.flush_cache()
     return gathered
