@@ -166,9 +166,13 @@ def free_port() -> int:
 
 
 def start_http_server(model_dir: Path, port: int) -> subprocess.Popen:
-    """An SGLang server on CPU over ``model_dir`` (run in the SGLang environment), as users launch one."""
+    """An SGLang server on CPU over ``model_dir`` (run in the SGLang environment), as users launch one (with the
+    environment the README asks for: ``lit_agentrl.engines.sglang.server_env``)."""
+    from lit_agentrl.engines.sglang import server_env
+
     env = {
         **os.environ,
+        **server_env(str(model_dir)),
         "SGLANG_USE_CPU_ENGINE": "1",
         "PYTHONPATH": os.pathsep.join([str(SGLANG_SHIM), os.environ.get("PYTHONPATH", "")]),
     }

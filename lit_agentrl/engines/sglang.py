@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import base64
 import logging
+import os
 import pickle
 from collections.abc import Iterable
 from typing import Any
@@ -22,8 +23,9 @@ from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.sampling import SamplingParams
+from lit_agentrl.engines.weight_names import checkpoint_names
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.processors import model_config
+from lit_agentrl.processors import is_vision_language, model_config
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class _SGLangBase(RolloutEngine):
     """
 
     _shapes: dict[str, tuple[int, ...]]
+    _model_type: str | None = None
     _in_session = False
 
     def begin_weight_update(self) -> None:
@@ -74,6 +77,7 @@ class _SGLangBase(RolloutEngine):
         problem = check_named_tensors(pairs, self._shapes)
         if problem:
             return False, problem
+        pairs = checkpoint_names(pairs, self._model_type)  # SGLang's loaders take the checkpoint's names
         own_session = not self._in_session
         if own_session:
             self.begin_weight_update()
@@ -149,6 +153,7 @@ class SGLangEngine(_SGLangBase):
         **server_args: Any,
     ) -> None:
         optional = {"mem_fraction_static": mem_fraction_static, "attention_backend": attention_backend}
+        os.environ.update(server_env(model_path))  # the scheduler process reads it
         self._engine = self._launch(
             model_path=model_path,
             skip_tokenizer_init=True,
@@ -164,6 +169,7 @@ class SGLangEngine(_SGLangBase):
         self.tp_size = tp_size
         self.flattened_bucket = flattened_bucket
         self._shapes = expected_weight_shapes(model_path)
+        self._model_type = model_config(model_path).get("model_type")
         self._image_token_id = model_config(model_path).get("image_token_id")
 
     def _launch(self, **server_args: Any) -> Any:
@@ -271,7 +277,7 @@ class SGLangHTTPEngine(_SGLangBase):
         server = None
         if placement.starts_engine:
             command = sglang_group.server_command(model_path, seed, placement, server_args, group_port)
-            server = sglang_group.start_server(command)
+            server = sglang_group.start_server(command, server_env(model_path))
         try:
             sglang_group.wait_until_healthy(url, server)
         except BaseException:
@@ -304,6 +310,7 @@ class SGLangHTTPEngine(_SGLangBase):
             raise UserInputError(f"engine_kwargs.transport must be 'inline' or 'ipc', got {transport!r}")
         self.url = url.rstrip("/")
         self._shapes = expected_weight_shapes(model_path)
+        self._model_type = model_config(model_path).get("model_type")
         self._image_token_id = model_config(model_path).get("image_token_id")
         self.tp_size, self.owner, self.transport, self._server = tp_size, owner, transport, server
         self._timeout = timeout_s
@@ -476,6 +483,18 @@ def one_placeholder_per_image(input_ids: Any, image_token_id: int | None) -> Any
     if isinstance(input_ids[0], list):
         return [one_placeholder_per_image(ids, image_token_id) for ids in input_ids]
     return [t for k, t in enumerate(input_ids) if t != image_token_id or k == 0 or input_ids[k - 1] != image_token_id]
+
+
+VLM_CACHE_ENV = "SGLANG_VLM_CACHE_SIZE_MB"
+"""SGLang keeps each image's vision-tower output, keyed by the image, across weight pushes and cache flushes (its
+multimodal embedding cache, 100 MB by default): after a push, an image seen before would be encoded by the old vision
+tower. 0 turns the cache off."""
+
+
+def server_env(model_path: str) -> dict[str, str]:
+    """Environment an SGLang server over ``model_path`` needs for training: a vision-language model's runs without the
+    vision embedding cache (:data:`VLM_CACHE_ENV`)."""
+    return {VLM_CACHE_ENV: "0"} if is_vision_language(model_path) else {}
 
 
 def _jsonable_images(image_data: Any) -> Any:

@@ -62,10 +62,11 @@ def server_command(
     return command
 
 
-def start_server(command: list[str]) -> subprocess.Popen:
-    """Run the server in its own process group (so shutting it down stops its workers too)."""
+def start_server(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Run the server in its own process group (so shutting it down stops its workers too), with ``env`` added to
+    this process's environment."""
     log.info("starting the group's SGLang server: %s", " ".join(command))
-    return subprocess.Popen(command, start_new_session=True, env=dict(os.environ))
+    return subprocess.Popen(command, start_new_session=True, env={**os.environ, **(env or {})})
 
 
 def wait_until_healthy(url: str, server: subprocess.Popen | None, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
