@@ -438,7 +438,10 @@ class PromptBatchLoader:
         moving the position: rollouts generated ahead of their step (``mode: async``) are for the batches Lightning
         will fetch, and a resumed run regenerates those it lost."""
         position = batch.index + ahead
-        epoch, index = batch.epoch + position // len(self), position % len(self)
+        return self.batch_at(batch.epoch + position // len(self), position % len(self))
+
+    def batch_at(self, epoch: int, index: int) -> PromptBatch:
+        """This rank's batch ``index`` of ``epoch``, without moving the position."""
         start, end = self._rank_slice(index)
         rows = [self.rows[i] for i in self._order(epoch)[start:end]]
         return PromptBatch(rows=rows, epoch=epoch, index=index, split=self.split)

@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, cast
 
 import lightning as L
@@ -28,10 +29,11 @@ from lit_agentrl.errors import UserInputError
 from lit_agentrl.metrics import RolloutMetrics
 from lit_agentrl.module import GRPOModule
 from lit_agentrl.offload import TrainerOffload
-from lit_agentrl.rollout.ahead import RolloutsAhead, split_stale
+from lit_agentrl.rollout.ahead import RolloutsAhead, batch_key, split_stale
 from lit_agentrl.rollout.dynamic import dynamic_rollout
 from lit_agentrl.rollout.flat_rewards import FlatRewardWatch
-from lit_agentrl.rollout.manager import RolloutManager
+from lit_agentrl.rollout.manager import RolloutManager, summarize
+from lit_agentrl.rollout.tail import Carried, GroupedRollout, take_ready
 from lit_agentrl.types import PromptBatch, RolloutBatch, Trajectory
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,11 @@ class RolloutCallback(Callback):
             generates: requests in flight continue on the new weights (their tokens keep the log-probs they were
             sampled with), and up to ``max_staleness`` steps are generated ahead. Without it the push waits until the
             rollouts in flight have finished, so every request runs on one version and at most one step runs ahead.
+        ready_fraction: with ``partial_rollouts``, a step trains once this fraction of its prompt groups have finished;
+            the unfinished ones keep generating (on the new weights after the step) and are trained with the next step
+            (:mod:`lit_agentrl.rollout.tail`), so a long tail does not hold the step. 1.0 (default): every group.
+            Below 1, a carried trajectory is one update older when trained, so the rollouts run ``max_staleness - 1``
+            steps ahead.
 
     The reward function is the data module's ``reward_fn``. Example (YAML, under ``trainer.callbacks``)::
 
@@ -101,6 +108,7 @@ class RolloutCallback(Callback):
         mode: str = "sync",
         max_staleness: int = 1,
         partial_rollouts: bool = False,
+        ready_fraction: float = 1.0,
     ) -> None:
         if n_samples < 1 or val_n_samples < 1:
             raise UserInputError(f"n_samples and val_n_samples must be >= 1, got {n_samples} and {val_n_samples}")
@@ -113,10 +121,14 @@ class RolloutCallback(Callback):
                 "RolloutCallback.offload_trainer needs colocate: true (the trainer's states leave the GPU only to make "
                 "room for an engine on the same GPU)"
             )
-        _check_mode(mode, max_staleness, partial_rollouts, colocate)
+        _check_mode(mode, max_staleness, partial_rollouts, colocate, ready_fraction)
         self.mode, self.max_staleness, self.partial_rollouts = mode, max_staleness, partial_rollouts
+        self.ready_fraction = ready_fraction
         depth = max_staleness if partial_rollouts else min(max_staleness, 1)
-        self.ahead = RolloutsAhead(depth) if mode == "async" else None
+        self.ahead = RolloutsAhead(depth - int(ready_fraction < 1)) if mode == "async" else None
+        self.carried: Carried | None = None  # groups the last step left running (ready_fraction < 1)
+        self.carried_state: dict[str, Any] | None = None  # where they are in the data, on every rank (checkpointed)
+        self._rewards_seen = 0.0
         self.trained_steps = 0  # the weight version: updates in the policy's weights (checkpointed)
         self.sampling = SamplingParams.from_dict(sampling_params, where="RolloutCallback.sampling_params")
         SamplingParams.from_dict(val_sampling_params, where="RolloutCallback.val_sampling_params")
@@ -141,6 +153,7 @@ class RolloutCallback(Callback):
         self.totals = {"rollouts": 0, "trajectories": 0, "failed": 0, "syncs": 0}
         self._needs_sync = False
         self._base_seed = 0
+        self._carried_to_restore: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -197,6 +210,9 @@ class RolloutCallback(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.ahead is not None:
             self.ahead.cancel()
+        if self.carried is not None:  # the last step's tail: the run ends before a step could train it
+            self.carried.rollout.cancel()
+            self.carried = None
         if self.manager is not None:
             self.manager.close()
         for engine in self.engines:
@@ -282,18 +298,25 @@ class RolloutCallback(Callback):
         datamodule = cast(AgentPromptDataModule, getattr(trainer, "datamodule", None))  # checked at setup
         manager, loader = self._manager(), datamodule.train_dataloader()
 
+        reduce = functools.partial(_reduce, trainer, _grpo_module(trainer.lightning_module).device)
+        grouped = self.ready_fraction < 1
+
         def submit(coming: PromptBatch) -> Any:
             seed = self._seed(trainer, "train", coming)
-            return manager.submit(coming.rows, self.n_samples, self.sampling_params, seed)
+            send = manager.submit_groups if grouped else manager.submit
+            return send(coming.rows, self.n_samples, self.sampling_params, seed)
 
-        rollout, waited = self.ahead.take(batch, submit)
+        metrics: dict[str, float] = {}
+        if grouped:
+            rollout, waited, metrics = self._take_ready(trainer, batch, self.ahead.pop(batch, submit), reduce)
+        else:
+            rollout, waited = self.ahead.take(batch, submit)
         self.ahead.fill(batch, loader.batch_after, submit, limit=self._steps_left(trainer) - 1)
         staleness = split_stale(rollout.trajectories, self.trained_steps, self.max_staleness)
         batch.rollout = RolloutBatch(staleness.kept, rollout.stats)
         values = [float(v) for v in staleness.values]
-        reduce = functools.partial(_reduce, trainer, _grpo_module(trainer.lightning_module).device)
         count = reduce(float(len(values)), "sum")
-        metrics = {
+        metrics |= {
             "rollout/staleness_mean": reduce(sum(values), "sum") / max(count, 1.0),
             "rollout/staleness_max": reduce(max(values, default=0.0), "max"),
             "rollout/dropped_stale": reduce(float(staleness.dropped), "sum"),
@@ -301,6 +324,54 @@ class RolloutCallback(Callback):
             "time/wait_rollout_s": waited,
         }
         return batch.rollout, rollout.trajectories, metrics
+
+    def _take_ready(
+        self, trainer: L.Trainer, batch: PromptBatch, grouped: GroupedRollout, reduce: Callable[[float, str], float]
+    ) -> tuple[RolloutBatch, float, dict[str, float]]:
+        """``ready_fraction`` < 1: the groups the step before left running and this batch's finished ones, the rest
+        carried on (``batch.rows`` become the rows trained); the rollout, the wait, and the carry metrics."""
+        manager = self._manager()
+        self._restore_carried(
+            trainer, cast(AgentPromptDataModule, getattr(trainer, "datamodule", None)).train_dataloader()
+        )
+        step = take_ready(batch.rows, grouped, batch_key(batch), self.ready_fraction, self.carried)
+        batch.rows, self.carried = step.rows, step.carried
+        stats = summarize(step.trajectories, step.seconds)
+        stats.reward_seconds, self._rewards_seen = manager.reward_seconds - self._rewards_seen, manager.reward_seconds
+        self._note_carried(trainer, batch)
+        metrics = {
+            "rollout/carried_groups": reduce(float(len(self.carried.groups) if self.carried else 0), "sum"),
+            "rollout/carried_in": reduce(float(step.carried_in), "sum"),
+        }
+        return RolloutBatch(step.trajectories, stats), step.waited, metrics
+
+    def _note_carried(self, trainer: L.Trainer, batch: PromptBatch) -> None:
+        """Record which groups of ``batch`` every rank carries on, for the checkpoint (a resumed run regenerates
+        them); the same on every rank."""
+        mine = list(self.carried.groups) if self.carried is not None else []
+        everyone: list[Any] = [mine]
+        if dist.is_available() and dist.is_initialized():
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)
+        carried = any(everyone)
+        self.carried_state = {"epoch": batch.epoch, "index": batch.index, "groups": everyone} if carried else None
+
+    def _restore_carried(self, trainer: L.Trainer, loader: Any) -> None:
+        """After a resume: regenerate the groups the checkpointed step had left running, for this step to train."""
+        state, self._carried_to_restore = self._carried_to_restore, None
+        if state is None or self.carried is not None:
+            return
+        groups = state["groups"]
+        if len(groups) != trainer.world_size:
+            raise UserInputError(
+                f"cannot resume the carried rollout groups: the checkpoint was taken with {len(groups)} processes, "
+                f"this run has {trainer.world_size}"
+            )
+        source = loader.batch_at(state["epoch"], state["index"])
+        rows = [source.rows[g] for g in groups[trainer.global_rank]]
+        seed = self._seed(trainer, "carried", source)
+        rollout = self._manager().submit_groups(rows, self.n_samples, self.sampling_params, seed)
+        self.carried = Carried(rollout, rows, list(range(len(rows))), batch_key(source))
 
     def _steps_left(self, trainer: L.Trainer) -> int:
         """Training steps (rollout batches) left in the run, this one included; a large number without max_steps."""
@@ -489,11 +560,12 @@ class RolloutCallback(Callback):
     # ------------------------------------------------------------------ checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        return {"totals": dict(self.totals), "trained_steps": self.trained_steps}
+        return {"totals": dict(self.totals), "trained_steps": self.trained_steps, "carried": self.carried_state}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.totals.update(state_dict.get("totals", {}))
         self.trained_steps = int(state_dict.get("trained_steps", 0))
+        self._carried_to_restore = state_dict.get("carried")
         self._needs_sync = True  # the engines still hold the initial weights; the restored policy differs
         rank_zero_info(
             "RolloutCallback: the engines will be re-synced with the restored policy before the first rollout"
@@ -542,9 +614,17 @@ def _reduce(trainer: L.Trainer, device: torch.device, value: float, op: str) -> 
     return float(trainer.strategy.reduce(torch.tensor(value, device=device), reduce_op=op))
 
 
-def _check_mode(mode: str, max_staleness: int, partial_rollouts: bool, colocate: bool) -> None:
+def _check_mode(mode: str, max_staleness: int, partial_rollouts: bool, colocate: bool, ready_fraction: float) -> None:
     if mode not in ("sync", "async"):
         raise UserInputError(f"RolloutCallback.mode must be 'sync' or 'async', got {mode!r}")
+    if not 0.0 < ready_fraction <= 1.0:
+        raise UserInputError(f"RolloutCallback.ready_fraction must be in (0, 1], got {ready_fraction}")
+    if ready_fraction < 1.0 and not (mode == "async" and partial_rollouts and max_staleness >= 1):
+        raise UserInputError(
+            f"RolloutCallback.ready_fraction={ready_fraction} carries a step's unfinished groups into the next step, "
+            "on newer weights: it needs mode: async, partial_rollouts: true and max_staleness >= 1",
+            hint="set those, or ready_fraction: 1.0",
+        )
     if max_staleness < 0:
         raise UserInputError(f"RolloutCallback.max_staleness must be >= 0, got {max_staleness}")
     if partial_rollouts and mode != "async":

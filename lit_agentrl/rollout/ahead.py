@@ -13,6 +13,7 @@ import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from lit_agentrl.types import PromptBatch, RolloutBatch, Trajectory
 
@@ -41,11 +42,16 @@ class RolloutsAhead:
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
-        self.pending: dict[BatchKey, concurrent.futures.Future[RolloutBatch]] = {}
+        self.pending: dict[BatchKey, Any] = {}
+        """Rollouts in flight by batch: futures of :class:`RolloutBatch`, or :class:`~lit_agentrl.rollout.tail.GroupedRollout`."""
+
+    def pop(self, batch: PromptBatch, submit: Callable[[PromptBatch], Any]) -> Any:
+        """The batch's rollout in flight (started now if it was not ahead), no longer pending."""
+        return self.pending.pop(batch_key(batch), None) or submit(batch)
 
     def take(self, batch: PromptBatch, submit: Submit) -> tuple[RolloutBatch, float]:
         """The batch's rollout (started now if it was not ahead), and the seconds spent waiting for it."""
-        future = self.pending.pop(_key(batch), None) or submit(batch)
+        future = self.pop(batch, submit)
         start = time.perf_counter()
         rollout = future.result()
         return rollout, time.perf_counter() - start
@@ -57,8 +63,8 @@ class RolloutsAhead:
         are not running yet."""
         for ahead in range(1, min(self.depth, limit) + 1):
             coming = after(batch, ahead)
-            if _key(coming) not in self.pending:
-                self.pending[_key(coming)] = submit(coming)
+            if batch_key(coming) not in self.pending:
+                self.pending[batch_key(coming)] = submit(coming)
 
     def wait_all(self) -> None:
         """Wait until every rollout in flight has finished (their results stay for their steps)."""
@@ -88,5 +94,6 @@ def split_stale(trajectories: list[Trajectory], version: int, max_staleness: int
     return Staleness(kept, values, dropped, partial)
 
 
-def _key(batch: PromptBatch) -> BatchKey:
+def batch_key(batch: PromptBatch) -> BatchKey:
+    """(epoch, index): the batch's place in the data stream."""
     return batch.epoch, batch.index

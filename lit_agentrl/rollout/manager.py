@@ -30,6 +30,7 @@ from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.rewards import RewardFn, resolve_reward_fn
 from lit_agentrl.rollout.background import BackgroundLoop
 from lit_agentrl.rollout.faults import TRAJECTORY_FAULTS, raise_reported_faults
+from lit_agentrl.rollout.tail import GroupedRollout
 from lit_agentrl.rows import agent_run_kwargs
 from lit_agentrl.types import AGENT_METRICS_FIELD, RolloutBatch, RolloutStats, Trajectory
 
@@ -90,11 +91,11 @@ class RolloutManager:
         self.check_template_drift = check_template_drift
         self._graphs: dict[tuple[str, str | None, int], AgentGraph] = {}
         self._outstanding = [0] * len(self.engines)
-        self._reward_seconds = 0.0
+        self.reward_seconds = 0.0  # reward functions' run time so far, summed over the reward threads
         self._loop: asyncio.AbstractEventLoop | None = None
         self.reward_workers = reward_workers
         self._reward_pool: ThreadPoolExecutor | None = None  # started on the first reward, stopped by close()
-        self._reward_lock = threading.Lock()  # guards _reward_seconds, added to from the reward threads
+        self._reward_lock = threading.Lock()  # guards reward_seconds, added to from the reward threads
         self._background: BackgroundLoop | None = None  # started by the first submit()
 
     # ------------------------------------------------------------------ entry points
@@ -128,6 +129,27 @@ class RolloutManager:
         first call on, :meth:`generate` runs on that thread too."""
         return self.start_background().submit(self.agenerate(rows, n_samples, sampling_params, seed))
 
+    def submit_groups(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        n_samples: int,
+        sampling_params: Mapping[str, Any],
+        seed: int | None = None,
+    ) -> GroupedRollout:
+        """:meth:`submit` with a future per row (its ``n_samples`` trajectories), so a step may take the groups that
+        have finished and leave the rest running (``RolloutCallback.ready_fraction``, :mod:`lit_agentrl.rollout.tail`)."""
+        if n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+        SamplingParams.from_dict(sampling_params)
+        background = self.start_background()
+        gate = self._gate([(group, sample) for group in range(len(rows)) for sample in range(n_samples)])
+
+        async def group(index: int) -> list[Trajectory]:
+            tags = [TrajectoryTag(gate, (index, sample), seed) for sample in range(n_samples)]
+            return list(await asyncio.gather(*(self._run_one(rows[index], t, dict(sampling_params)) for t in tags)))
+
+        return GroupedRollout([background.submit(group(index)) for index in range(len(rows))])
+
     def start_background(self) -> BackgroundLoop:
         """The background thread's loop, started on first use (refused for engines that cannot serve it)."""
         if self._background is None:
@@ -148,11 +170,11 @@ class RolloutManager:
         SamplingParams.from_dict(sampling_params)  # fail before any trajectory starts
         keys = [(group, sample) for group in range(len(rows)) for sample in range(n_samples)]
         gate = self._gate(keys)
-        start, self._reward_seconds = time.perf_counter(), 0.0
+        start, rewards_before = time.perf_counter(), self.reward_seconds
         tasks = [self._run_one(rows[g], TrajectoryTag(gate, (g, s), seed), dict(sampling_params)) for g, s in keys]
         trajectories = list(await asyncio.gather(*tasks))
         stats = summarize(trajectories, time.perf_counter() - start)
-        stats.reward_seconds = self._reward_seconds
+        stats.reward_seconds = self.reward_seconds - rewards_before  # with rollouts beside it, theirs too
         return RolloutBatch(trajectories, stats)
 
     def close(self) -> None:
@@ -281,7 +303,7 @@ class RolloutManager:
             return float(reward_fn(completion, ground_truth, **fields))
         finally:
             with self._reward_lock:
-                self._reward_seconds += _since(start)
+                self.reward_seconds += _since(start)
 
     def _reward_executor(self) -> ThreadPoolExecutor:
         if self._reward_pool is None:

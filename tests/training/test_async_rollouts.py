@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -127,6 +128,56 @@ def test_sigkill_during_an_async_run_loses_and_repeats_no_prompt(tmp_path, quick
     assert trained(tmp_path / "crashed") == trained(tmp_path / "straight")
 
 
+def slow_tail_data(folder):
+    """The quickstart's rows through ``slow_tail_single_turn``; every other row sleeps 2 s before answering."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = (REPO_ROOT / "data/quickstart/train.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines if line.strip()]
+    for i, row in enumerate(rows):
+        row.update(agent_name="slow_tail_single_turn", tail_delay=2.0 * (i % 2))
+        row["agent_cfg_path"] = str(REPO_ROOT / row["agent_cfg_path"])
+    path = folder / "train.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+def test_a_slow_tail_is_carried_to_the_next_step_and_across_a_resume(tmp_path, quickstart_model_dir):
+    folder, steps = tmp_path / "run", 4
+    rollout = {"max_staleness": 1, "partial_rollouts": True, "ready_fraction": 0.5, "engine_kwargs": {}}
+    config_path = async_config(folder, quickstart_model_dir, model=CORRECTED, steps=steps, **rollout)
+    config = yaml.safe_load(config_path.read_text())
+    config["data"].update(train_files=str(slow_tail_data(folder)), agent_modules=[str(TRAINING / "slow_tail_agent.py")])
+    config["trainer"]["enable_checkpointing"] = True
+    config["trainer"]["callbacks"].append(
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"dirpath": str(folder / "ckpt"), "every_n_train_steps": 1, "save_top_k": -1},
+        }
+    )
+    config_path.write_text(yaml.safe_dump(config))
+    main(["fit", "--config", str(config_path)])
+
+    rows = step_rows(folder)
+    carried = [float(r["rollout/carried_groups"]) for r in rows]
+    carried_in = [float(r["rollout/carried_in"]) for r in rows]
+    assert sum(carried) > 0, "no step left a group running: the slow rows did not make a tail"
+    assert carried_in == [0.0, *carried[:-1]]  # what a step leaves running, the next one trains
+    assert all(float(r["rollout/staleness_max"]) <= 1 and float(r["rollout/dropped_stale"]) == 0 for r in rows)
+    trained = [json.loads(line)["prompts"] for line in (folder / "prompts.jsonl").read_text().splitlines()]
+    assert sum(map(len, trained)) == 4 * steps - carried[-1]  # every prompt once, but the last step's tail
+    assert all(float(r["rollout/trajectories"]) == 4 * len(p) for r, p in zip(rows, trained))
+
+    # Resume from a checkpoint taken while groups were carried: the resumed run regenerates and trains them.
+    step = next(k for k, c in enumerate(carried[:-1], start=1) if c > 0)
+    checkpoint = next((folder / "ckpt").glob(f"*step={step}.ckpt"))
+    resumed = ["--trainer.logger.init_args.save_dir", str(tmp_path / "resumed_logs"), "--ckpt_path", str(checkpoint)]
+    main(["fit", "--config", str(config_path), *resumed])
+    first = [r for r in read_csv(next((tmp_path / "resumed_logs").rglob("metrics.csv"))) if r.get("rollout/carried_in")]
+    assert float(first[0]["rollout/carried_in"]) == carried[step - 1]
+
+
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
@@ -134,6 +185,9 @@ def test_sigkill_during_an_async_run_loses_and_repeats_no_prompt(tmp_path, quick
         ({"mode": "async", "max_staleness": -1}, "max_staleness must be >= 0"),
         ({"partial_rollouts": True}, "partial_rollouts needs mode: async"),
         ({"mode": "async", "colocate": True}, "cannot share the trainer's GPU memory"),
+        ({"ready_fraction": 0.0}, r"ready_fraction must be in \(0, 1\]"),
+        ({"mode": "async", "max_staleness": 1, "ready_fraction": 0.5}, "needs mode: async, partial_rollouts: true"),
+        ({"mode": "async", "partial_rollouts": True, "max_staleness": 0, "ready_fraction": 0.5}, "max_staleness >= 1"),
     ],
 )
 def test_impossible_async_settings_are_refused(kwargs, fragment):

@@ -99,7 +99,9 @@ def test_an_assistant_turn_that_only_calls_tools_may_have_null_content(tmp_path)
 
 def test_content_that_is_not_a_string_is_refused(tmp_path):
     path = write(tmp_path / "train.jsonl", line({**GOOD, "prompt": [{"role": "user", "content": 5}]}))
-    assert "line 1: field 'prompt'[0].content must be a string, got number 5" in error_of(path)
+    assert "line 1: field 'prompt'[0].content must be a string or a list of content parts, got number 5" in error_of(
+        path
+    )
 
 
 def test_json_array_rows_are_numbered_from_1(tmp_path):

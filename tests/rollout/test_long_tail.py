@@ -1,0 +1,79 @@
+"""A step that does not wait for its rollout's long tail: groups taken as they finish, the rest carried to the next
+step (``lit_agentrl.rollout.tail``, ``RolloutCallback.ready_fraction``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from support import ScriptedEngine
+
+from lit_agentrl.agents import AgentGraph, AgentGraphOutput, register
+from lit_agentrl.rollout.manager import RolloutManager
+from lit_agentrl.rollout.tail import take_ready
+
+PARAMS = {"max_new_tokens": 4, "temperature": 1.0}
+
+
+@register("tail_test_agent")
+class SleepyAgent(AgentGraph):
+    """Sleeps for its row's ``delay`` (a slow tool), then answers with the row's ``tag`` as its reward."""
+
+    def build_graph(self) -> None: ...
+
+    async def run(self, messages, sampling_params, delay: float = 0.0, tag: float = 0.0, **kwargs) -> AgentGraphOutput:
+        await asyncio.sleep(delay)
+        return AgentGraphOutput(
+            str_output="x",
+            prompt_ids=[1, 2],
+            all_token_ids=[1, 2, 3],
+            loss_mask=[0, 0, 1],
+            response_logprobs=[-1.0],
+            reward_score=tag,
+            num_turns=1,
+        )
+
+
+class BesideTrainer(ScriptedEngine):
+    generates_beside_trainer = True
+
+
+def rows(delays: list[float], first_tag: int) -> list[dict]:
+    return [
+        {
+            "agent_name": "tail_test_agent",
+            "prompt": [{"role": "user", "content": f"q{first_tag + i}"}],
+            "delay": d,
+            "tag": float(first_tag + i),
+        }
+        for i, d in enumerate(delays)
+    ]
+
+
+def test_a_step_takes_its_finished_groups_and_the_next_step_gets_the_tail(tokenizer) -> None:
+    manager = RolloutManager([BesideTrainer(None, tokenizer, [])], tokenizer, check_template_drift=False)
+    try:
+        first = rows([0.0, 1.5, 0.0, 0.0], first_tag=0)
+        start = time.perf_counter()
+        step = take_ready(first, manager.submit_groups(first, 2, PARAMS), (0, 0), 0.5, None)
+        assert time.perf_counter() - start < 1.0  # the slow group did not hold the step
+        assert [r["tag"] for r in step.rows] == [0.0, 2.0, 3.0] and step.carried_in == 0
+        assert step.carried is not None and step.carried.groups == [1] and step.carried.key == (0, 0)
+        assert [(t.group, t.reward) for t in step.trajectories] == [
+            (0, 0.0),
+            (0, 0.0),
+            (1, 2.0),
+            (1, 2.0),
+            (2, 3.0),
+            (2, 3.0),
+        ]
+
+        second = rows([0.0, 0.0, 0.0, 0.0], first_tag=10)
+        step = take_ready(second, manager.submit_groups(second, 2, PARAMS), (0, 1), 1.0, step.carried)
+        assert step.carried is None and step.carried_in == 1
+        assert [r["tag"] for r in step.rows] == [1.0, 10.0, 11.0, 12.0, 13.0]  # the tail first, then the step's own
+        by_group = {t.group: t.reward for t in step.trajectories}
+        assert by_group == {g: r["tag"] for g, r in enumerate(step.rows)}  # groups index the rows trained
+        assert len(step.trajectories) == 10 and not any(t.failed for t in step.trajectories)
+    finally:
+        manager.close()
