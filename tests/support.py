@@ -8,7 +8,8 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +204,27 @@ def start_http_server(model_dir: Path, port: int) -> subprocess.Popen:
         "warning",
     ]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+@contextmanager
+def running_http_engine(model_dir: Path, timeout_s: float = 300) -> Iterator[Any]:
+    """An SGLang server over ``model_dir`` (:func:`start_http_server`) and an ``SGLangHTTPEngine`` on it; both stopped
+    afterwards. A server that dies while starting fails with the end of its log."""
+    from lit_agentrl.engines.sglang import SGLangHTTPEngine
+    from lit_agentrl.engines.sglang_group import wait_until_healthy
+
+    port = free_port()
+    server = start_http_server(model_dir, port)
+    try:
+        try:
+            wait_until_healthy(f"http://127.0.0.1:{port}", server, timeout_s=timeout_s)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {server.stderr.read().decode()[-3000:]}") from exc
+        engine = SGLangHTTPEngine(f"http://127.0.0.1:{port}", str(model_dir))
+        try:
+            yield engine
+        finally:
+            engine.shutdown()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

@@ -7,16 +7,14 @@ SGLang needs its own environment (``scripts/build_sglang_env.sh``); there, ``.ci
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 import torch
-from support import SGLANG_CPU, require_sglang, start_http_server
+from support import SGLANG_CPU, require_sglang, running_http_engine
 from transformers import AutoModelForCausalLM
 
 from lit_agentrl.engines import get_engine_class
 from lit_agentrl.engines.base import RolloutEngine, output_logprobs
-from lit_agentrl.engines.sglang_group import wait_until_healthy
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33]]
@@ -40,26 +38,15 @@ def contract_engine(request, tiny_model_dir):
         engine.shutdown()
         return
     require_sglang()
-    from lit_agentrl.engines.sglang import SGLangEngine, SGLangHTTPEngine
+    from lit_agentrl.engines.sglang import SGLangEngine
 
     if kind == "sglang":
         engine = SGLangEngine(str(tiny_model_dir), seed=0, **SGLANG_CPU)
         yield engine
         engine.shutdown()
         return
-    port = 30000 + os.getpid() % 1000
-    server = start_http_server(tiny_model_dir, port)
-    try:
-        try:
-            wait_until_healthy(f"http://127.0.0.1:{port}", server, timeout_s=180)
-        except RuntimeError as exc:
-            raise RuntimeError(f"{exc}: {server.stderr.read().decode()[-3000:]}") from exc
-        engine = SGLangHTTPEngine(f"http://127.0.0.1:{port}", str(tiny_model_dir))
+    with running_http_engine(tiny_model_dir, timeout_s=180) as engine:
         yield engine
-        engine.shutdown()
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
 
 
 def run(engine, coro):

@@ -15,11 +15,9 @@ import time
 
 import pytest
 import torch
-from support import free_port, require_sglang, start_http_server
+from support import require_sglang, running_http_engine
 
 from lit_agentrl.engines.base import output_logprobs
-from lit_agentrl.engines.sglang import SGLangHTTPEngine
-from lit_agentrl.engines.sglang_group import wait_until_healthy
 from lit_agentrl.engines.weight_sync import sync_weights
 
 pytestmark = pytest.mark.sglang
@@ -27,22 +25,15 @@ LONG = {"max_new_tokens": 1500, "temperature": 1.0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
+def engine(tiny_model_dir):
     require_sglang()
-    port = free_port()
-    process = start_http_server(tiny_model_dir, port)
-    try:
-        wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout_s=180)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+    with running_http_engine(tiny_model_dir) as engine:
+        yield engine
 
 
-def test_a_request_in_flight_continues_on_weights_pushed_mid_generation(server, tiny_model_dir):
+def test_a_request_in_flight_continues_on_weights_pushed_mid_generation(engine, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    engine = SGLangHTTPEngine(server, str(tiny_model_dir))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with torch.no_grad():
         model.lm_head.weight.zero_()  # tied or not, every logit is 0 afterwards
@@ -59,7 +50,6 @@ def test_a_request_in_flight_continues_on_weights_pushed_mid_generation(server, 
     assert request.is_alive(), "the request finished before the push: raise max_new_tokens"
     sync_weights(model, [engine], weight_version=1)
     request.join(timeout=300)
-    engine.shutdown()
 
     (result,) = results
     logprobs = output_logprobs(result)

@@ -21,12 +21,11 @@ Run in the SGLang environment, like the other ``sglang`` tests::
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
 import torch
-from support import require_sglang, start_http_server
+from support import require_sglang, running_http_engine
 
 pytest.importorskip("PIL")
 
@@ -50,22 +49,8 @@ def vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def vl_engine(vl_dir: Path):
     require_sglang()
-    from lit_agentrl.engines.sglang import SGLangHTTPEngine
-    from lit_agentrl.engines.sglang_group import wait_until_healthy
-
-    port = 31000 + os.getpid() % 1000
-    server = start_http_server(vl_dir, port)
-    try:
-        try:
-            wait_until_healthy(f"http://127.0.0.1:{port}", server, timeout_s=300)
-        except RuntimeError as exc:
-            raise RuntimeError(f"{exc}: {server.stderr.read().decode()[-3000:]}") from exc
-        engine = SGLangHTTPEngine(f"http://127.0.0.1:{port}", str(vl_dir))
+    with running_http_engine(vl_dir) as engine:
         yield engine
-        engine.shutdown()
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
