@@ -16,7 +16,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from transformers import AutoTokenizer
 
 from lit_agentrl.agents.registry import import_modules
@@ -566,6 +566,12 @@ class RolloutCallback(Callback):
         self.totals.update(state_dict.get("totals", {}))
         self.trained_steps = int(state_dict.get("trained_steps", 0))
         self._carried_to_restore = state_dict.get("carried")
+        if self._carried_to_restore is not None and self.ready_fraction == 1.0:
+            groups = sum(len(g) for g in self._carried_to_restore["groups"])
+            rank_zero_warn(
+                f"RolloutCallback: the checkpoint's step left {groups} prompt group(s) running for the next step "
+                "(ready_fraction < 1); this run has ready_fraction: 1.0 and will not train them"
+            )
         self._needs_sync = True  # the engines still hold the initial weights; the restored policy differs
         rank_zero_info(
             "RolloutCallback: the engines will be re-synced with the restored policy before the first rollout"

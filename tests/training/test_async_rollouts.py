@@ -213,3 +213,9 @@ def test_async_refuses_at_setup_what_it_cannot_train_correctly(
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(config)])
     assert fragment in capsys.readouterr().err
+
+
+def test_a_checkpoints_carried_groups_are_not_dropped_silently():
+    callback = RolloutCallback()  # ready_fraction: 1.0 cannot train them
+    with pytest.warns(UserWarning, match=r"left 3 prompt group\(s\) running .* will not train them"):
+        callback.load_state_dict({"trained_steps": 2, "carried": {"epoch": 0, "index": 1, "groups": [[0, 2], [1]]}})
