@@ -189,7 +189,7 @@ def group_servers(monkeypatch):
 
     STARTED.clear()
 
-    def start(command: list[str]) -> Any:
+    def start(command: list[str], env: dict[str, str] | None = None) -> Any:
         STARTED.append(command)
         return SimpleNamespace(pid=-1, poll=lambda: None)
 
