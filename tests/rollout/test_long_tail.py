@@ -57,23 +57,20 @@ def test_a_step_takes_its_finished_groups_and_the_next_step_gets_the_tail(tokeni
         start = time.perf_counter()
         step = take_ready(first, manager.submit_groups(first, 2, PARAMS), (0, 0), 0.5, None)
         assert time.perf_counter() - start < 1.0  # the slow group did not hold the step
-        assert [r["tag"] for r in step.rows] == [0.0, 2.0, 3.0] and step.carried_in == 0
-        assert step.carried is not None and step.carried.groups == [1] and step.carried.key == (0, 0)
-        assert [(t.group, t.reward) for t in step.trajectories] == [
-            (0, 0.0),
-            (0, 0.0),
-            (1, 2.0),
-            (1, 2.0),
-            (2, 3.0),
-            (2, 3.0),
-        ]
+        ready = [r["tag"] for r in step.rows]
+        assert len(ready) >= 2 and set(ready) <= {0.0, 2.0, 3.0} and step.carried_in == 0  # half, never the slow one
+        assert step.carried is not None and step.carried.key == (0, 0) and 1 in step.carried.groups
+        assert sorted([*ready, *(first[g]["tag"] for g in step.carried.groups)]) == [0.0, 1.0, 2.0, 3.0]
+        assert [t.group for t in step.trajectories] == [g for g in range(len(ready)) for _ in range(2)]
+        assert [t.reward for t in step.trajectories] == [tag for tag in ready for _ in range(2)]
+        tail = [first[g]["tag"] for g in step.carried.groups]
 
         second = rows([0.0, 0.0, 0.0, 0.0], first_tag=10)
         step = take_ready(second, manager.submit_groups(second, 2, PARAMS), (0, 1), 1.0, step.carried)
-        assert step.carried is None and step.carried_in == 1
-        assert [r["tag"] for r in step.rows] == [1.0, 10.0, 11.0, 12.0, 13.0]  # the tail first, then the step's own
+        assert step.carried is None and step.carried_in == len(tail)
+        assert [r["tag"] for r in step.rows] == [*tail, 10.0, 11.0, 12.0, 13.0]  # the tail first, then the step's own
         by_group = {t.group: t.reward for t in step.trajectories}
         assert by_group == {g: r["tag"] for g, r in enumerate(step.rows)}  # groups index the rows trained
-        assert len(step.trajectories) == 10 and not any(t.failed for t in step.trajectories)
+        assert len(step.trajectories) == 2 * len(step.rows) and not any(t.failed for t in step.trajectories)
     finally:
         manager.close()
