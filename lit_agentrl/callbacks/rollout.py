@@ -308,7 +308,7 @@ class RolloutCallback(Callback):
 
         metrics: dict[str, float] = {}
         if grouped:
-            rollout, waited, metrics = self._take_ready(trainer, batch, self.ahead.pop(batch, submit), reduce)
+            rollout, waited, metrics = self._take_ready(trainer, batch, self.ahead.pop(batch, submit), loader, reduce)
         else:
             rollout, waited = self.ahead.take(batch, submit)
         self.ahead.fill(batch, loader.batch_after, submit, limit=self._steps_left(trainer) - 1)
@@ -326,14 +326,17 @@ class RolloutCallback(Callback):
         return batch.rollout, rollout.trajectories, metrics
 
     def _take_ready(
-        self, trainer: L.Trainer, batch: PromptBatch, grouped: GroupedRollout, reduce: Callable[[float, str], float]
+        self,
+        trainer: L.Trainer,
+        batch: PromptBatch,
+        grouped: GroupedRollout,
+        loader: Any,
+        reduce: Callable[[float, str], float],
     ) -> tuple[RolloutBatch, float, dict[str, float]]:
         """``ready_fraction`` < 1: the groups the step before left running and this batch's finished ones, the rest
         carried on (``batch.rows`` become the rows trained); the rollout, the wait, and the carry metrics."""
         manager = self._manager()
-        self._restore_carried(
-            trainer, cast(AgentPromptDataModule, getattr(trainer, "datamodule", None)).train_dataloader()
-        )
+        self._restore_carried(trainer, loader)
         step = take_ready(batch.rows, grouped, batch_key(batch), self.ready_fraction, self.carried)
         batch.rows, self.carried = step.rows, step.carried
         stats = summarize(step.trajectories, step.seconds)

@@ -54,7 +54,15 @@ class _SGLangBase(RolloutEngine):
 
     _shapes: dict[str, tuple[int, ...]]
     _model_type: str | None = None
+    _image_token_id: int | None = None
     _in_session = False
+
+    def _read_model(self, model_path: str) -> None:
+        """What the pushes and image requests need to know of the policy: its weights' names and shapes (checked
+        before a push), its ``model_type`` (SGLang's weight names) and image placeholder id."""
+        config = model_config(model_path)
+        self._shapes = expected_weight_shapes(model_path)
+        self._model_type, self._image_token_id = config.get("model_type"), config.get("image_token_id")
 
     def begin_weight_update(self) -> None:
         _raise_unless(self._call("begin_weight_update"), "begin_weight_update")
@@ -168,9 +176,7 @@ class SGLangEngine(_SGLangBase):
         self.loop = self._engine.loop
         self.tp_size = tp_size
         self.flattened_bucket = flattened_bucket
-        self._shapes = expected_weight_shapes(model_path)
-        self._model_type = model_config(model_path).get("model_type")
-        self._image_token_id = model_config(model_path).get("image_token_id")
+        self._read_model(model_path)
 
     def _launch(self, **server_args: Any) -> Any:
         """Start SGLang's ``Engine`` from ``ServerArgs`` fields (tests override it to record them)."""
@@ -309,9 +315,7 @@ class SGLangHTTPEngine(_SGLangBase):
         if transport not in ("inline", "ipc"):
             raise UserInputError(f"engine_kwargs.transport must be 'inline' or 'ipc', got {transport!r}")
         self.url = url.rstrip("/")
-        self._shapes = expected_weight_shapes(model_path)
-        self._model_type = model_config(model_path).get("model_type")
-        self._image_token_id = model_config(model_path).get("image_token_id")
+        self._read_model(model_path)
         self.tp_size, self.owner, self.transport, self._server = tp_size, owner, transport, server
         self._timeout = timeout_s
         self._sync = httpx.Client(base_url=self.url, timeout=timeout_s)

@@ -138,17 +138,10 @@ class RolloutManager:
     ) -> GroupedRollout:
         """:meth:`submit` with a future per row (its ``n_samples`` trajectories), so a step may take the groups that
         have finished and leave the rest running (``RolloutCallback.ready_fraction``, :mod:`lit_agentrl.rollout.tail`)."""
-        if n_samples < 1:
-            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
-        SamplingParams.from_dict(sampling_params)
+        gate = self._checked_gate(len(rows), n_samples, sampling_params)
         background = self.start_background()
-        gate = self._gate([(group, sample) for group in range(len(rows)) for sample in range(n_samples)])
-
-        async def group(index: int) -> list[Trajectory]:
-            tags = [TrajectoryTag(gate, (index, sample), seed) for sample in range(n_samples)]
-            return list(await asyncio.gather(*(self._run_one(rows[index], t, dict(sampling_params)) for t in tags)))
-
-        return GroupedRollout([background.submit(group(index)) for index in range(len(rows))])
+        groups = [self._group(rows[g], g, n_samples, gate, sampling_params, seed) for g in range(len(rows))]
+        return GroupedRollout([background.submit(group) for group in groups])
 
     def start_background(self) -> BackgroundLoop:
         """The background thread's loop, started on first use (refused for engines that cannot serve it)."""
@@ -165,17 +158,33 @@ class RolloutManager:
     ) -> RolloutBatch:
         """``n_samples`` trajectories per row, row-major, with their statistics. ``seed`` seeds the rollout's
         sampling streams (with each trajectory's key) on engines that take it, whatever else runs beside it."""
-        if n_samples < 1:
-            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
-        SamplingParams.from_dict(sampling_params)  # fail before any trajectory starts
-        keys = [(group, sample) for group in range(len(rows)) for sample in range(n_samples)]
-        gate = self._gate(keys)
+        gate = self._checked_gate(len(rows), n_samples, sampling_params)
         start, rewards_before = time.perf_counter(), self.reward_seconds
-        tasks = [self._run_one(rows[g], TrajectoryTag(gate, (g, s), seed), dict(sampling_params)) for g, s in keys]
-        trajectories = list(await asyncio.gather(*tasks))
+        groups = [self._group(rows[g], g, n_samples, gate, sampling_params, seed) for g in range(len(rows))]
+        trajectories = [t for group in await asyncio.gather(*groups) for t in group]
         stats = summarize(trajectories, time.perf_counter() - start)
         stats.reward_seconds = self.reward_seconds - rewards_before  # with rollouts beside it, theirs too
         return RolloutBatch(trajectories, stats)
+
+    def _checked_gate(self, num_rows: int, n_samples: int, sampling_params: Mapping[str, Any]) -> AdmissionGate:
+        """The rollout's admission gate, after checking its settings (before any trajectory starts)."""
+        if n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+        SamplingParams.from_dict(sampling_params)
+        return self._gate([(group, sample) for group in range(num_rows) for sample in range(n_samples)])
+
+    async def _group(
+        self,
+        row: Mapping[str, Any],
+        group: int,
+        n_samples: int,
+        gate: AdmissionGate,
+        sampling_params: Mapping[str, Any],
+        seed: int | None,
+    ) -> list[Trajectory]:
+        """The ``n_samples`` trajectories of one row."""
+        tags = [TrajectoryTag(gate, (group, sample), seed) for sample in range(n_samples)]
+        return list(await asyncio.gather(*(self._run_one(row, tag, dict(sampling_params)) for tag in tags)))
 
     def close(self) -> None:
         """Stop the background thread (cancelling its rollouts), the reward threads and the manager's event loop

@@ -13,7 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from lit_agentrl.types import Trajectory
@@ -70,7 +70,7 @@ class StepGroups:
     carried_in: int
     """Groups trained now that the step before had left running."""
     waited: float
-    seconds: float = field(default=0.0)
+    seconds: float
     """Wall time from the start of the step's own rollout to now."""
 
 
@@ -89,12 +89,8 @@ def take_ready(
     own = rollout.take(ready)
     waited = time.perf_counter() - start
     previous_rows = carried.rows if carried is not None else []
-    renumber = {("carried", g): k for k, g in enumerate(carried.groups if carried is not None else [])}
-    renumber.update({("own", g): len(previous_rows) + k for k, g in enumerate(ready)})
-    for t in before:
-        t.group = renumber[("carried", t.group)]
-    for t in own:
-        t.group = renumber[("own", t.group)]
+    _renumber(before, carried.groups if carried is not None else [], 0)  # groups index the rows trained
+    _renumber(own, ready, len(previous_rows))
     left = rollout.unfinished()
     next_carried = Carried(rollout, [rows[g] for g in left], left, key) if left else None
     return StepGroups(
@@ -105,3 +101,10 @@ def take_ready(
         waited=waited,
         seconds=time.perf_counter() - rollout.started,
     )
+
+
+def _renumber(trajectories: list[Trajectory], groups: list[int], first: int) -> None:
+    """Number the trajectories of ``groups`` (in that order) from ``first``."""
+    position = {group: first + k for k, group in enumerate(groups)}
+    for t in trajectories:
+        t.group = position[t.group]
