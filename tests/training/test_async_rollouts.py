@@ -129,12 +129,13 @@ def test_sigkill_during_an_async_run_loses_and_repeats_no_prompt(tmp_path, quick
 
 
 def slow_tail_data(folder):
-    """The quickstart's rows through ``slow_tail_single_turn``; every other row sleeps 2 s before answering."""
+    """The quickstart's rows through ``slow_tail_single_turn``; every other row sleeps 8 s before answering, far longer
+    than the fast rows' generation even on a loaded machine."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = (REPO_ROOT / "data/quickstart/train.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines if line.strip()]
     for i, row in enumerate(rows):
-        row.update(agent_name="slow_tail_single_turn", tail_delay=2.0 * (i % 2))
+        row.update(agent_name="slow_tail_single_turn", tail_delay=8.0 * (i % 2))
         row["agent_cfg_path"] = str(REPO_ROOT / row["agent_cfg_path"])
     path = folder / "train.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -148,7 +149,9 @@ def test_a_slow_tail_is_carried_to_the_next_step_and_across_a_resume(tmp_path, q
     rollout = {"max_staleness": 1, "partial_rollouts": True, "ready_fraction": 0.5, "engine_kwargs": {}}
     config_path = async_config(folder, quickstart_model_dir, model=CORRECTED, steps=steps, **rollout)
     config = yaml.safe_load(config_path.read_text())
-    config["data"].update(train_files=str(slow_tail_data(folder)), agent_modules=[str(TRAINING / "slow_tail_agent.py")])
+    # Unshuffled, every step has two fast and two slow rows: it trains the fast ones and carries the slow ones.
+    slow_tail = {"train_files": str(slow_tail_data(folder)), "agent_modules": [str(TRAINING / "slow_tail_agent.py")]}
+    config["data"].update(shuffle=False, **slow_tail)
     config["trainer"]["enable_checkpointing"] = True
     config["trainer"]["callbacks"].append(
         {
