@@ -122,8 +122,8 @@ def test_packing_check_accepts_qwen3_and_refuses_a_model_that_mixes_sequences(po
 def test_packing_check_tolerates_bf16_rounding_but_not_mixed_sequences(policy_model):
     """GRPOModule checks a bf16 run at a tolerance of 3e-2 of the largest logit: rounding passes, leakage does not."""
     half = copy.deepcopy(policy_model).to(torch.bfloat16)
-    with pytest.raises(ValueError):  # bf16 rounding alone fails the fp32 tolerance
-        check_packing_support(half)
+    # Whether bf16 rounding alone exceeds the fp32 tolerance depends on the CPU's kernels (CI's did not), so only
+    # the bf16 tolerance's two sides are asserted.
     check_packing_support(half, tolerance=3e-2)
     with pytest.raises(ValueError, match="sequence_packing: false"):
         check_packing_support(_IgnoresPositions(half), tolerance=3e-2)
