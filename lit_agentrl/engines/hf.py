@@ -25,7 +25,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -146,10 +146,16 @@ class TransformersEngine(RolloutEngine):
         cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
     ) -> list[RolloutEngine]:
         """One engine; ``device: cuda`` (no index) becomes the rank's own GPU, ``cuda:<local rank>``."""
-        device = kwargs.get("device")
-        if placement is not None and device is not None and torch.device(device) == torch.device("cuda"):
-            kwargs["device"] = f"cuda:{placement.local_rank}"
+        if "device" in kwargs:
+            kwargs["device"] = cls.rank_device(kwargs["device"], placement)
         return [cls(model_path, seed=seed, **kwargs)]
+
+    @staticmethod
+    def rank_device(device: str | None, placement: EnginePlacement | None) -> str | None:
+        """``device``, with ``cuda`` (no index) made the rank's own GPU when ``placement`` says which it is."""
+        if placement is not None and device is not None and torch.device(device) == torch.device("cuda"):
+            return f"cuda:{placement.local_rank}"
+        return device
 
     def __init__(
         self,
@@ -224,6 +230,21 @@ class TransformersEngine(RolloutEngine):
         futures, batched = self._submit(input_ids, sampling_params, return_logprob, kwargs)
         results = [f.result() for f in futures]
         return results if batched else results[0]
+
+    def submit_with_stream(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any] | None,
+        return_logprob: bool,
+        image_data: Any,
+        stream: Hashable,
+    ) -> concurrent.futures.Future:
+        """One request (``n`` must be 1) sampled from the stream ``stream`` names, rather than from its trajectory
+        and turn: for an engine process (:mod:`~lit_agentrl.engines.process`) whose caller keys the streams."""
+        futures, _ = self._submit(input_ids, sampling_params, return_logprob, {"image_data": image_data}, stream)
+        if len(futures) != 1:
+            raise ValueError(f"submit_with_stream takes one request, got {len(futures)} (n > 1?)")
+        return futures[0]
 
     def update_weights_from_tensor(
         self,
@@ -308,6 +329,7 @@ class TransformersEngine(RolloutEngine):
         sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
         return_logprob: bool,
         extra: dict[str, Any],
+        stream: Hashable | None = None,
     ) -> tuple[list[concurrent.futures.Future], bool]:
         if self._stopped:
             raise RuntimeError("TransformersEngine has been shut down")
@@ -335,7 +357,7 @@ class TransformersEngine(RolloutEngine):
         futures = []
         for prompt, params, window, prepared in checked:
             for _ in range(params.n):
-                futures.append(self._enqueue(list(prompt), params, return_logprob, window, prepared))
+                futures.append(self._enqueue(list(prompt), params, return_logprob, window, prepared, stream))
         return futures, batched or len(futures) > 1
 
     def _prepare_images(self, prompt: list[int], image_data: Any) -> _Images | None:
@@ -398,14 +420,15 @@ class TransformersEngine(RolloutEngine):
         return_logprob: bool,
         stop_window: int,
         images: _Images | None = None,
+        stream: Hashable | None = None,
     ) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         tag = ROLLOUT_TRAJECTORY.get()
-        if tag is not None:  # the trajectory's k-th request: the same stream whenever it arrives
+        index = self._requests_submitted
+        if stream is None and tag is not None:  # the trajectory's k-th request: the same stream whenever it arrives
             index = tag.gate.next_request_index(tag.key)
-            stream: Any = (self.seed if tag.seed is None else tag.seed, *tag.key, index)
-        else:
-            index = self._requests_submitted
+            stream = (self.seed if tag.seed is None else tag.seed, *tag.key, index)
+        elif stream is None:
             stream = (self.seed, index)
         self._requests_submitted += 1
         if params.sampling_seed is not None:
@@ -691,12 +714,12 @@ class TransformersEngine(RolloutEngine):
             tail = self._tokenizer.decode(request.output_ids[-request.stop_window :])
         return next((s for s in request.params.stop if s in tail), None)
 
-    @staticmethod
-    def _result(request: _Request, finish_reason: dict[str, Any]) -> GenerateResult:
+    def _result(self, request: _Request, finish_reason: dict[str, Any]) -> GenerateResult:
         meta: dict[str, Any] = {
             "finish_reason": finish_reason,
             "prompt_tokens": len(request.input_ids),
             "completion_tokens": len(request.output_ids),
+            "weight_version": self.weight_version,  # at the last token, as SGLang reports it
         }
         if request.return_logprob:
             meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(request.logprobs, request.output_ids)]

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 _REGISTRY: dict[str, type[RolloutEngine]] = {}
 _BUILTIN_MODULES = {
     "transformers": "lit_agentrl.engines.hf",
+    "transformers_process": "lit_agentrl.engines.process",
     "sglang": "lit_agentrl.engines.sglang",
     "sglang_http": "lit_agentrl.engines.sglang",
 }

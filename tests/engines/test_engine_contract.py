@@ -1,4 +1,5 @@
-"""One contract suite over every engine: the transformers engine, in-process SGLang, and an SGLang HTTP server.
+"""One contract suite over every engine: the transformers engine (in-process and in a process of its own), in-process
+SGLang, and an SGLang HTTP server.
 
 SGLang needs its own environment (``scripts/build_sglang_env.sh``); there, ``.ci/run`` runs this file with
 ``LIT_AGENTRL_REQUIRE_SGLANG=1``, which turns a missing SGLang into a failure instead of a skip.
@@ -24,6 +25,7 @@ PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33]]
     scope="module",
     params=[
         "transformers",
+        "transformers_process",
         pytest.param("sglang", marks=pytest.mark.sglang),
         pytest.param("sglang_http", marks=pytest.mark.sglang),
     ],
@@ -34,6 +36,13 @@ def contract_engine(request, tiny_model_dir):
         from lit_agentrl.engines.hf import TransformersEngine
 
         engine = TransformersEngine(str(tiny_model_dir))
+        yield engine
+        engine.shutdown()
+        return
+    if kind == "transformers_process":
+        from lit_agentrl.engines.process import ProcessEngine
+
+        engine = ProcessEngine(str(tiny_model_dir), threads=1)
         yield engine
         engine.shutdown()
         return

@@ -78,8 +78,18 @@ def test_one_step_ahead_trains_on_one_update_old_trajectories(tmp_path, quicksta
 
 
 @pytest.mark.slow
-def test_partial_rollouts_generate_two_steps_ahead_within_the_staleness_bound(tmp_path, quickstart_model_dir):
-    config = async_config(tmp_path, quickstart_model_dir, max_staleness=2, partial_rollouts=True, model=CORRECTED)
+@pytest.mark.parametrize(
+    "engine",
+    [
+        {},
+        # The engine in a process of its own (timing-driven admission: deterministic needs the trainer's process).
+        {"engine": "transformers_process", "engine_kwargs": {"threads": 1}},
+    ],
+    ids=["in-process", "engine-process"],
+)
+def test_partial_rollouts_generate_two_steps_ahead_within_the_staleness_bound(tmp_path, quickstart_model_dir, engine):
+    rollout = {"max_staleness": 2, "partial_rollouts": True, **engine}
+    config = async_config(tmp_path, quickstart_model_dir, model=CORRECTED, **rollout)
     main(["fit", "--config", str(config)])
     rows = step_rows(tmp_path)
     assert [float(r["rollout/staleness_max"]) for r in rows][:2] == [0.0, 1.0]
