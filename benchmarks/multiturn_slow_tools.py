@@ -11,7 +11,9 @@ tool before the next turn, as batch-synchronous trainers do; (c) the generation 
 manager's background thread, two in flight at once, so one rollout's slow tail overlaps the next one's start
 (seconds per rollout over ``--pipeline`` rollouts); (d) ``ready_fraction: 0.5`` on top (``max_staleness: 2``): each
 step takes its groups once half have finished and carries the rest to the next step, the next step's rollout one
-step ahead (seconds per step). Same engine, same chat model, same prompts.
+step ahead (seconds per step). Same engine, same chat model, same prompts. ``--engine transformers_process`` runs
+the engine in a process of its own (one with ``--threads`` torch threads), so the agents' Python does not share its
+interpreter lock.
 
     python benchmarks/multiturn_slow_tools.py --threads 1 --latency pareto
 """
@@ -37,8 +39,8 @@ from shared import SHARED_MODEL
 from transformers import AutoTokenizer
 
 from lit_agentrl.agents import AgentGraph, ChatModel, register
+from lit_agentrl.engines import get_engine_class
 from lit_agentrl.engines.admission import ROLLOUT_TRAJECTORY
-from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.models.tiny import save_tiny_model
 from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.rollout.tail import take_ready
@@ -150,6 +152,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency", choices=["pareto", "bimodal"], default="pareto")
     parser.add_argument("--pipeline", type=int, default=4, help="consecutive rollouts of the async side")
+    parser.add_argument("--engine", choices=["transformers", "transformers_process"], default="transformers")
     args = parser.parse_args()
     global LATENCY
     LATENCY = args.latency
@@ -158,7 +161,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = str(save_tiny_model(tmp, SHARED_MODEL))
         tokenizer = AutoTokenizer.from_pretrained(path)
-        engine = TransformersEngine(path, prefix_cache_mb=args.prefix_cache_mb)
+        process = {"threads": args.threads} if args.engine == "transformers_process" else {}
+        engine = get_engine_class(args.engine)(path, prefix_cache_mb=args.prefix_cache_mb, **process)
         rows = [
             {
                 "agent_name": "slow_tool_benchmark_agent",
@@ -201,7 +205,7 @@ def main() -> None:
     )
     print(
         f"{args.latency} latency: {args.prompts} prompts x {args.samples} samples, {TURNS} model turns of {args.new_tokens} tokens, "
-        f"prefix cache {args.prefix_cache_mb:g} MB, {slow} tool calls over 0.5 s of "
+        f"engine {args.engine}, prefix cache {args.prefix_cache_mb:g} MB, {slow} tool calls over 0.5 s of "
         f"{args.prompts * args.samples * (TURNS - 1)}, {args.threads} threads, median of {args.repeats}"
     )
     medians = {k: statistics.median(v) for k, v in timings.items()}

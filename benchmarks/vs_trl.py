@@ -22,6 +22,12 @@ ours / TRL and ours / floor, and our per-step breakdown from the CSV metrics: ro
 the rest: agents, rewards, scheduling), forward (log-probs and loss), backward, optimizer, weight sync, and
 other (the wall time left over) as a fraction of the step.
 
+Our sides: ``ours`` (sync, the engine's old log-probs), ``ours_trainer`` (sync, the trainer's: the loss the async
+sides train), ``ours_async`` (``mode: async, max_staleness: 1``, the engine on a thread of the trainer's process) and
+``ours_async_process`` (the same with ``engine: transformers_process``: the engine in a process of its own, one torch
+thread there, so generation overlaps training without sharing the trainer's interpreter lock; it is the one side
+that uses a second core). ``--sides`` picks a subset.
+
     pip install torch==2.13.0 -e ".[bench]"   # TRL 1.16 (CPU, no vLLM); leaves the other versions as they are
     python benchmarks/vs_trl.py --threads 1
 """
@@ -53,6 +59,8 @@ PROMPTS_PER_STEP = 8
 N_SAMPLES = 8
 NEW_TOKENS = 64
 STOP_EVERY = 24
+ENGINE_PROCESS = {"engine": "transformers_process", "engine_kwargs": {"threads": 1}}
+"""The async side whose engine runs in a process of its own: one torch thread there, beside the trainer's own."""
 """Variable lengths: every ``STOP_EVERY``-th token id (from 10) stops a completion, about 4% of a random
 model's draws, so lengths spread from 1 to 64 (about a third still reach 64)."""
 
@@ -107,8 +115,10 @@ StepClock = _lightning_clock()
 def run_ours(
     model_dir: Path, work: Path, scenario: str, steps: int, lr: float, seed: int, clock: Path, side: str
 ) -> Path:
-    """The config of one of our sides: ``ours`` (sync, the engine's old log-probs), ``ours_trainer`` (the trainer's)
-    or ``ours_async`` (one step ahead, ``max_staleness: 1``, with the off-policy correction it needs)."""
+    """The config of one of our sides: ``ours`` (sync, the engine's old log-probs), ``ours_trainer`` (the trainer's),
+    ``ours_async`` (one step ahead, ``max_staleness: 1``, with the off-policy correction it needs) or
+    ``ours_async_process`` (the same with the engine in a process of its own, ``engine: transformers_process``)."""
+    asynchronous = side in ("ours_async", "ours_async_process")
     import yaml
     from transformers import AutoTokenizer
 
@@ -152,8 +162,9 @@ def run_ours(
                         "n_samples": N_SAMPLES,
                         "sampling_params": sampling,
                         "check_template_drift": False,
-                        "mode": "async" if side == "ours_async" else "sync",
+                        "mode": "async" if asynchronous else "sync",
                         "max_staleness": 1,
+                        **(ENGINE_PROCESS if side == "ours_async_process" else {}),
                     },
                 },
                 {
@@ -168,7 +179,7 @@ def run_ours(
             "kl_coef": 0.0,
             "grad_clip": 1.0,
             "old_logprobs": "engine" if side == "ours" else "trainer",
-            "rollout_correction": "tis" if side == "ours_async" else None,
+            "rollout_correction": "tis" if asynchronous else None,
         },
         "data": {
             "train_files": str(data),
@@ -298,6 +309,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-trl", action="store_true", help="only ours and the floor (no TRL installed)")
+    parser.add_argument("--sides", default=None, help="a comma-separated subset of the sides to run (default: all)")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temporary one)")
     parser.add_argument("--worker", choices=["trl", "floor"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -331,15 +343,23 @@ def main() -> None:
         else [sys.executable, "-c", "from lit_agentrl.cli import main; main()"]
     )
     # "ours_trainer": ours with model.old_logprobs: trainer (one more forward per step than the engine's own);
-    # "ours_async": the next step's rollout while this one trains (RolloutCallback mode: async, max_staleness: 1).
-    ours_sides = ("ours", "ours_trainer", "ours_async")
+    # "ours_async": the next step's rollout while this one trains (RolloutCallback mode: async, max_staleness: 1);
+    # "ours_async_process": the same with the engine in a process of its own (engine: transformers_process).
+    ours_sides = ("ours", "ours_trainer", "ours_async", "ours_async_process")
     sides = (*ours_sides, "floor") if args.no_trl else (*ours_sides, "trl", "floor")
+    if args.sides:
+        chosen = [s.strip() for s in args.sides.split(",") if s.strip()]
+        unknown = sorted(set(chosen) - set(sides))
+        if unknown or ("floor" in chosen and "ours" not in chosen):
+            sys.exit(f"--sides: {unknown or 'floor needs ours'}; valid: {', '.join(sides)}")
+        sides = tuple(s for s in sides if s in chosen)
     results: dict[str, dict[str, Any]] = {}
     for scenario in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
         res = results[scenario] = {
             "ours": [],
             "ours_trainer": [],
             "ours_async": [],
+            "ours_async_process": [],
             "trl": [],
             "floor": [],
             "trl_length": [],
@@ -446,10 +466,17 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
         "trainer's old log-probs and TIS), against sync with the same loss and against TRL"
     )
     for scenario, res in results.items():
-        sync, ahead, trl = med(res["ours_trainer"]), med(res["ours_async"]), med(res["trl"])
-        print(
-            f"{scenario:<9} sync {sync:>6.2f}  async {ahead:>6.2f}  async/sync {ahead / sync:>5.2f}  async/TRL {ahead / trl:>5.2f}"
-        )
+        sync, trl = med(res["ours_trainer"]), med(res["trl"])
+        for name, side in (("async", "ours_async"), ("async, engine process", "ours_async_process")):
+            ahead = med(res[side])
+            print(
+                f"{scenario:<9} {name:<22} sync {sync:>6.2f}  async {ahead:>6.2f}  async/sync {ahead / sync:>5.2f}  "
+                f"async/TRL {ahead / trl:>5.2f}"
+            )
+    print(
+        "(the engine process uses a second core beside the trainer's; every other side runs in one process with "
+        "--threads torch threads)"
+    )
 
 
 if __name__ == "__main__":
