@@ -256,7 +256,7 @@ class GRPOModule(L.LightningModule):
             batch.rollout.trajectories, self.update.normalize_advantage_std, engine_logprobs_needed, self.overlong
         )
         stats: dict[str, list[float]] = {}
-        if objective.old_logprobs == "trainer":
+        if objective.old_logprobs == "trainer" and not self.old_logprobs_from_update:
             stats["time/old_logprobs_s"] = [self.recompute_old_logprobs(prepared.samples)]
         for part in split_mini_batches(prepared.samples, self.update.mini_batches):
             for key, value in self._optimizer_step(part).items():
@@ -326,6 +326,16 @@ class GRPOModule(L.LightningModule):
         result["train/loss"] = sums.get("train/loss", 0.0)
         return result
 
+    @property
+    def old_logprobs_from_update(self) -> bool:
+        """Whether the trainer's old log-probs come from the update's own forward instead of a forward before it.
+
+        With one mini-batch the step makes one optimizer update, after every forward: the policy before the
+        update is the policy of those forwards, so their detached log-probs are pi_old exactly (verl's actor does
+        the same with one mini-batch and one epoch) and the recomputing forward would repeat them.
+        """
+        return self.objective.old_logprobs == "trainer" and self.update.mini_batches == 1
+
     @torch.no_grad()
     def recompute_old_logprobs(self, samples: list[TrainingSample]) -> float:
         """Replace every sample's ``old_logprobs`` with the policy's own, before any update of this step (the
@@ -346,6 +356,8 @@ class GRPOModule(L.LightningModule):
 
     def _micro_loss(self, micro: MicroBatch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
         policy = self._token_logprobs(self.policy, micro, with_entropy=True)
+        if self.old_logprobs_from_update:
+            micro = micro._replace(old_logprobs=policy.logprobs.detach().to(micro.old_logprobs.dtype))
         reference = None
         if self.reference is not None:
             with torch.no_grad():

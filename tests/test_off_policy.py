@@ -3,6 +3,7 @@ constant normaliser, the rollout correction (TIS, MIS), where the old log-probs 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -123,6 +124,42 @@ def test_the_trainers_old_logprobs_make_the_first_update_exactly_on_policy(tiny_
     assert all(-9.0 not in s.old_logprobs for s in samples)
     stats = module.accumulate_gradients(samples)
     assert stats["train/ratio_mean"] == 1.0 and stats["train/approx_kl"] == 0.0 and stats["train/clip_frac"] == 0.0
+
+
+def test_one_mini_batch_takes_the_old_logprobs_from_its_own_forward_exactly_as_recomputing_them(tiny_model_dir):
+    from lit_agentrl.module import GRPOModule
+
+    g = torch.Generator().manual_seed(1)
+    samples = []
+    for length in (9, 14, 6, 20):
+        ids = torch.randint(3, 64, (length + 1,), generator=g).tolist()
+        samples.append(
+            TrainingSample(ids[:-1], ids[1:], [0] * 3 + [1] * (length - 3), [-9.0] * length, 1.0 - length % 3)
+        )
+
+    def gradients(module: GRPOModule, recompute: bool) -> tuple[dict[str, float], list[torch.Tensor]]:
+        batch = [dataclasses.replace(s) for s in samples]
+        if recompute:
+            module.recompute_old_logprobs(batch)
+        module.policy.zero_grad(set_to_none=True)
+        stats = module.accumulate_gradients(batch)
+        return stats, [p.grad.clone() for p in module.policy.parameters()]
+
+    one = GRPOModule(str(tiny_model_dir), old_logprobs="trainer", micro_batch_tokens=32)
+    one.configure_model()
+    assert one.old_logprobs_from_update
+    # the stale -9.0 in the samples is never read: the update's forward supplies pi_old
+    reused_stats, reused = gradients(one, recompute=False)
+    assert reused_stats["train/ratio_mean"] == 1.0 and reused_stats["train/clip_frac"] == 0.0
+    _, recomputed = gradients(one, recompute=True)
+    for a, b in zip(reused, recomputed):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    # two mini-batches: the second update's pi_old is the policy before the first, so it must be recomputed
+    two = GRPOModule(str(tiny_model_dir), old_logprobs="trainer", micro_batch_tokens=32, mini_batches=2)
+    two.configure_model()
+    assert not two.old_logprobs_from_update
+    assert gradients(two, recompute=False)[0]["train/clip_frac"] > 0.0  # the samples' own -9.0 is the ratio's base
+    assert not GRPOModule(str(tiny_model_dir)).old_logprobs_from_update  # engine log-probs: nothing to reuse
 
 
 def finished(group: int, reward: float, generated: int, cut: bool) -> Trajectory:
