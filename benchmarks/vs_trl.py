@@ -342,7 +342,7 @@ def main() -> None:
         if shutil.which("lit-agentrl")
         else [sys.executable, "-c", "from lit_agentrl.cli import main; main()"]
     )
-    # "ours_trainer": ours with model.old_logprobs: trainer (one more forward per step than the engine's own);
+    # "ours_trainer": ours with model.old_logprobs: trainer (from the update's own forward: one mini-batch);
     # "ours_async": the next step's rollout while this one trains (RolloutCallback mode: async, max_staleness: 1);
     # "ours_async_process": the same with the engine in a process of its own (engine: transformers_process).
     ours_sides = ("ours", "ours_trainer", "ours_async", "ours_async_process")
@@ -420,18 +420,54 @@ def main() -> None:
                     f"(process {time.perf_counter() - start:.0f} s)",
                     flush=True,
                 )
+    (root / "results.json").write_text(json.dumps(results))  # a crash in the report loses no run
     report(results, args)
     print(f"scratch: {root}")
 
 
 def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    """Print the tables the sides that ran allow (``--sides`` may have run a subset)."""
+
     def med(values: list[float]) -> float:
         return statistics.median(values) if values else float("nan")
+
+    def ran(*sides: str) -> bool:
+        return all(res[side] for res in results.values() for side in sides)
 
     print(
         f"\nthreads={args.threads}, {PROMPTS_PER_STEP} prompts x {N_SAMPLES} samples, <= {NEW_TOKENS} new tokens, "
         f"warm-up {args.warmup} of {args.steps} steps dropped per run, {args.rounds} rounds; median s/step"
     )
+    if ran("ours"):
+        report_ours(results, med)
+    if ran("ours", "ours_trainer"):
+        print("\nold log-probs (median s/step): the engine's own vs the trainer's (model.old_logprobs: trainer)")
+        for scenario, res in results.items():
+            ours, trainer = med(res["ours"]), med(res["ours_trainer"])
+            print(f"{scenario:<9} engine {ours:>6.2f}  trainer {trainer:>6.2f}  trainer/engine {trainer / ours:>5.2f}")
+    if ran("ours_trainer") and (ran("ours_async") or ran("ours_async_process")):
+        print(
+            "\nasync (median s/step): the next step's rollout while this one trains (mode: async, max_staleness: 1, "
+            "with the trainer's old log-probs and TIS), against sync with the same loss, sync with the engine's "
+            "old log-probs and TRL"
+        )
+        for scenario, res in results.items():
+            sync, engine, trl = med(res["ours_trainer"]), med(res["ours"]), med(res["trl"])
+            for name, side in (("async", "ours_async"), ("async, engine process", "ours_async_process")):
+                if res[side]:
+                    ahead = med(res[side])
+                    print(
+                        f"{scenario:<9} {name:<22} async {ahead:>5.2f}  sync {sync:>5.2f} (x{ahead / sync:.2f})  "
+                        f"sync engine {engine:>5.2f} (x{ahead / engine:.2f})  TRL {trl:>5.2f} (x{ahead / trl:.2f})"
+                    )
+        print(
+            "(the engine process uses a second core beside the trainer's; every other side runs in one process with "
+            "--threads torch threads)"
+        )
+
+
+def report_ours(results: dict[str, dict[str, Any]], med: Any) -> None:
+    """Ours (sync, the engine's log-probs) against TRL and the floor, and its per-step breakdown."""
     print(
         f"{'scenario':<9} {'ours':>6} {'TRL':>6} {'floor':>6} {'ours/TRL':>9} {'ours/floor':>11} {'steps':>9} "
         f"{'tokens ours/TRL':>16}"
@@ -455,28 +491,6 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
         print(f"{scenario:<9} " + " ".join(f"{b[k]:>10.3f}" for k in [*BREAKDOWN, "other"]) + f" {share:>9.1f}%")
         floor = {k: med([f[k] for f in res["floor_parts"]]) for k in ("generation", "forward", "backward", "optimizer")}
         print(f"{'  floor':<9} " + " ".join(f"{floor.get(k, float('nan')):>10.3f}" for k in BREAKDOWN))
-    print(
-        "\nold log-probs (median s/step): the engine's own vs the trainer's, recomputed (model.old_logprobs: trainer)"
-    )
-    for scenario, res in results.items():
-        ours, trainer = med(res["ours"]), med(res["ours_trainer"])
-        print(f"{scenario:<9} engine {ours:>6.2f}  trainer {trainer:>6.2f}  trainer/engine {trainer / ours:>5.2f}")
-    print(
-        "\nasync (median s/step): the next step's rollout while this one trains (mode: async, max_staleness: 1, with the "
-        "trainer's old log-probs and TIS), against sync with the same loss and against TRL"
-    )
-    for scenario, res in results.items():
-        sync, trl = med(res["ours_trainer"]), med(res["trl"])
-        for name, side in (("async", "ours_async"), ("async, engine process", "ours_async_process")):
-            ahead = med(res[side])
-            print(
-                f"{scenario:<9} {name:<22} sync {sync:>6.2f}  async {ahead:>6.2f}  async/sync {ahead / sync:>5.2f}  "
-                f"async/TRL {ahead / trl:>5.2f}"
-            )
-    print(
-        "(the engine process uses a second core beside the trainer's; every other side runs in one process with "
-        "--threads torch threads)"
-    )
 
 
 if __name__ == "__main__":
