@@ -8,8 +8,8 @@ capped at 2 s (median ~36 ms, about 1 call in 100 over 1 s). (a) the rollout man
 (b) the lockstep baseline runs each turn for the whole batch together and waits for the batch's slowest
 tool before the next turn, as batch-synchronous trainers do; (c) the generation side of
 ``RolloutCallback(mode: async, max_staleness: 2, partial_rollouts: true)``: consecutive steps' rollouts through the
-manager's background thread, two in flight at once, so one rollout's slow tail overlaps the next one's start
-(seconds per rollout over ``--pipeline`` rollouts); (d) ``ready_fraction: 0.5`` on top (``max_staleness: 2``): each
+manager's background thread, ``--depth`` in flight at once (two by default, as ``max_staleness: 2`` keeps them), so
+one rollout's slow tail overlaps the next one's start (seconds per rollout over ``--pipeline`` rollouts); (d) ``ready_fraction: 0.5`` on top (``max_staleness: 2``): each
 step takes its groups once half have finished and carries the rest to the next step, the next step's rollout one
 step ahead (seconds per step). Same engine, same chat model, same prompts. ``--engine transformers_process`` runs
 the engine in a process of its own (one with ``--threads`` torch threads), so the agents' Python does not share its
@@ -152,6 +152,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency", choices=["pareto", "bimodal"], default="pareto")
     parser.add_argument("--pipeline", type=int, default=4, help="consecutive rollouts of the async side")
+    parser.add_argument(
+        "--depth", type=int, default=2, help="rollouts in flight on the async side (max_staleness: DEPTH)"
+    )
     parser.add_argument("--engine", choices=["transformers", "transformers_process"], default="transformers")
     args = parser.parse_args()
     global LATENCY
@@ -174,10 +177,11 @@ def main() -> None:
         manager = RolloutManager([engine], tokenizer, check_template_drift=False)
         chat = ChatModel(model="lockstep", llm=engine, tokenizer=tokenizer)
         loop = asyncio.new_event_loop()
+        ahead_side = f"async, {args.depth} in flight"
         timings: dict[str, list[float]] = {
             "rollout manager": [],
             "lockstep baseline": [],
-            "async, 2 in flight": [],
+            ahead_side: [],
             "async, tail carried": [],
         }
         compute: dict[str, list[float]] = {"rollout manager": [], "lockstep baseline": []}
@@ -189,10 +193,10 @@ def main() -> None:
             start, busy = time.perf_counter(), engine.busy_seconds
             loop.run_until_complete(lockstep(chat, rows, args.samples))
             stepped, stepped_busy = time.perf_counter() - start, engine.busy_seconds - busy
-            ahead = pipelined(manager, rows, args.samples, args.pipeline)
+            ahead = pipelined(manager, rows, args.samples, args.pipeline, args.depth)
             carried = tail_carried(manager, rows, args.samples, args.pipeline)
             if round_:
-                timings["async, 2 in flight"].append(ahead)
+                timings[ahead_side].append(ahead)
                 timings["async, tail carried"].append(carried)
                 timings["rollout manager"].append(managed)
                 timings["lockstep baseline"].append(stepped)
