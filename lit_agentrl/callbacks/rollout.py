@@ -31,6 +31,7 @@ from lit_agentrl.module import GRPOModule
 from lit_agentrl.offload import TrainerOffload
 from lit_agentrl.rollout.ahead import RolloutsAhead, batch_key, split_stale
 from lit_agentrl.rollout.dynamic import dynamic_rollout
+from lit_agentrl.rollout.failure_report import FailureReport, first_tracebacks, reason_of
 from lit_agentrl.rollout.flat_rewards import FlatRewardWatch
 from lit_agentrl.rollout.manager import RolloutManager, summarize
 from lit_agentrl.rollout.tail import Carried, GroupedRollout, take_ready
@@ -150,6 +151,7 @@ class RolloutCallback(Callback):
         self.manager: RolloutManager | None = None
         self.metrics = RolloutMetrics()
         self.flat_rewards = FlatRewardWatch(flat_reward_warn_steps)
+        self.failure_report = FailureReport()
         self.totals = {"rollouts": 0, "trajectories": 0, "failed": 0, "syncs": 0}
         self._needs_sync = False
         self._base_seed = 0
@@ -511,14 +513,11 @@ class RolloutCallback(Callback):
 
     def _report_failures(self, trainer: L.Trainer, trajectories: list[Trajectory], metrics: dict[str, float]) -> None:
         """Every step with failed trajectories, on rank 0: their counts by reason over all ranks, and the first
-        traceback in full (it ends with the line in the agent's file)."""
+        traceback of each reason not seen before, in full (it ends with the line in the agent's file)."""
         if not metrics["rollout/failed"]:  # a global count: every rank skips the gather together
             return
         failed = [t for t in trajectories if t.failed]
-        local = (
-            Counter(t.failure_reason for t in failed),
-            next((t.failure_traceback for t in failed if t.failure_traceback), None),
-        )
+        local = (Counter(map(reason_of, failed)), first_tracebacks(failed))
         parts: list[Any] = [local]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             parts = [None] * dist.get_world_size()
@@ -526,16 +525,12 @@ class RolloutCallback(Callback):
         if not trainer.is_global_zero:
             return
         reasons: Counter[str] = sum((counts for counts, _ in parts), Counter())
-        first = next((tb for _, tb in parts if tb), None)
-        summary = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common())
-        log.warning(
-            "step %d: %d of %d trajectories failed (left out of the loss): %s%s",
-            trainer.global_step,
-            int(metrics["rollout/failed"]),
-            int(metrics["rollout/trajectories"]),
-            summary,
-            f"\nfirst traceback:\n{first}" if first else "",
-        )
+        tracebacks: dict[str, str] = {}
+        for _, rank_tracebacks in parts:  # each reason's traceback from the lowest rank that saw it
+            for reason, traceback in rank_tracebacks.items():
+                tracebacks.setdefault(reason, traceback)
+        failures, total = int(metrics["rollout/failed"]), int(metrics["rollout/trajectories"])
+        log.warning("%s", self.failure_report.message(trainer.global_step, failures, total, reasons, tracebacks))
 
     def _warn_if_flat(self, trainer: L.Trainer, metrics: dict[str, float]) -> None:
         """Warn, on rank 0, when the rewards have carried no signal for ``flat_reward_warn_steps`` steps."""
