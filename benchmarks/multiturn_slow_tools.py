@@ -9,9 +9,9 @@ capped at 2 s (median ~36 ms, about 1 call in 100 over 1 s). (a) the rollout man
 tool before the next turn, as batch-synchronous trainers do; (c) the generation side of
 ``RolloutCallback(mode: async, max_staleness: 2, partial_rollouts: true)``: consecutive steps' rollouts through the
 manager's background thread, ``--depth`` in flight at once (two by default, as ``max_staleness: 2`` keeps them), so
-one rollout's slow tail overlaps the next one's start (seconds per rollout over ``--pipeline`` rollouts); (d) ``ready_fraction: 0.5`` on top (``max_staleness: 2``): each
-step takes its groups once half have finished and carries the rest to the next step, the next step's rollout one
-step ahead (seconds per step). Same engine, same chat model, same prompts. ``--engine transformers_process`` runs
+one rollout's slow tail overlaps the next one's start (seconds per rollout over ``--pipeline`` rollouts);
+(d) ``ready_fraction: 0.5`` on top (``max_staleness: 2``): each step takes its groups once half have finished and
+carries the rest to the next step, the next step's rollout one step ahead (seconds per step). Same engine, same chat model, same prompts. ``--engine transformers_process`` runs
 the engine in a process of its own (one with ``--threads`` torch threads), so the agents' Python does not share its
 interpreter lock.
 

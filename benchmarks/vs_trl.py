@@ -425,11 +425,13 @@ def main() -> None:
     print(f"scratch: {root}")
 
 
+def med(values: list[float]) -> float:
+    """The median, or NaN for a side that did not run."""
+    return statistics.median(values) if values else float("nan")
+
+
 def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     """Print the tables the sides that ran allow (``--sides`` may have run a subset)."""
-
-    def med(values: list[float]) -> float:
-        return statistics.median(values) if values else float("nan")
 
     def ran(*sides: str) -> bool:
         return all(res[side] for res in results.values() for side in sides)
@@ -439,7 +441,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
         f"warm-up {args.warmup} of {args.steps} steps dropped per run, {args.rounds} rounds; median s/step"
     )
     if ran("ours"):
-        report_ours(results, med)
+        report_ours(results)
     if ran("ours", "ours_trainer"):
         print("\nold log-probs (median s/step): the engine's own vs the trainer's (model.old_logprobs: trainer)")
         for scenario, res in results.items():
@@ -466,7 +468,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
         )
 
 
-def report_ours(results: dict[str, dict[str, Any]], med: Any) -> None:
+def report_ours(results: dict[str, dict[str, Any]]) -> None:
     """Ours (sync, the engine's log-probs) against TRL and the floor, and its per-step breakdown."""
     print(
         f"{'scenario':<9} {'ours':>6} {'TRL':>6} {'floor':>6} {'ours/TRL':>9} {'ours/floor':>11} {'steps':>9} "
