@@ -105,22 +105,3 @@ def test_prefix_cache_takes_the_longest_prefix_leaves_one_token_and_evicts_least
     assert cache.nbytes == 9 * entry_bytes
     cache.store([40] * 11, _kv(11))  # larger than the whole budget: not kept
     assert len(cache) == 2
-
-
-def test_growing_cache_layer_writes_in_place_and_survives_replaced_rows():
-    from lit_agentrl.engines.running_batch import growing_cache
-
-    cache = growing_cache()
-    g = torch.Generator().manual_seed(0)
-    steps = [torch.randn(3, 2, n, 4, generator=g) for n in (5, 1, 1)]
-    expected = torch.cat(steps, dim=-2)
-    for step in steps:
-        keys, values = cache.update(step, -step, 0)
-    layer = cache.layers[0]
-    buffer = layer._key_buffer
-    assert torch.equal(keys, expected) and torch.equal(values, -expected)
-    assert keys.data_ptr() == buffer.data_ptr() and buffer.shape[-2] > keys.shape[-2]  # room left, no copy per step
-    layer.keys, layer.values = keys[[0, 2]], values[[0, 2]]  # a row leaves, as the running batch does it
-    new = torch.randn(2, 2, 1, 4, generator=g)
-    keys, values = cache.update(new, -new, 0)
-    assert torch.equal(keys, torch.cat([expected[[0, 2]], new], dim=-2)) and torch.equal(values, -keys)
