@@ -4,7 +4,8 @@
 #   2. one table (scripts/gpu_checks.py): an FSDP2 bf16 training step of a Qwen3-0.6B-shaped model (tokens/s, MFU,
 #      peak memory), the transformers engine's generation tokens/s, a short colocated-SGLang `lit-agentrl fit` and
 #      its memory/* metrics, and the memory planner's predictions beside them; SGLang rows are skipped without it;
-#   3. every GPU-only test (tests marked `gpu`): SGLang release/resume, FSDP2 over NCCL, bf16 engine.
+#   3. every GPU-only test (tests marked `gpu`): SGLang release/resume, FSDP2 over NCCL, bf16 engine;
+#   4. the multi-turn slow-tools benchmark on the GPU (issue 15's async target; on CPU the engine's compute is the floor).
 #   bash scripts/gpu_checks.sh [pytest args]    # GPU_CHECKS_OUT=path.json keeps the table's JSON there
 # Exits non-zero if a table row or a test failed; the tests run even when a row failed.
 set -uo pipefail
@@ -17,5 +18,9 @@ python scripts/gpu_checks.py --out "$out"
 table=$?
 python -m pytest -m gpu -s -p no:cacheprovider tests/gpu "$@"
 tests=$?
-echo "table: exit $table (JSON: $out); gpu tests: exit $tests"
-[ "$table" -eq 0 ] && [ "$tests" -eq 0 ]
+bench=0
+for latency in pareto bimodal; do
+    python benchmarks/multiturn_slow_tools.py --device cuda --latency "$latency" --repeats 2 || bench=1
+done
+echo "table: exit $table (JSON: $out); gpu tests: exit $tests; multi-turn benchmark: exit $bench"
+[ "$table" -eq 0 ] && [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
