@@ -127,6 +127,34 @@ def test_many_concurrent_requests_beyond_running_limit(tiny_model_dir, policy_mo
         assert result["output_ids"] == reference_greedy(policy_model, [3 + i, 4, 5], n)
 
 
+def test_sampled_logprobs_hold_while_rows_join_and_leave_a_changing_batch(tiny_model_dir, policy_model):
+    """Rows of different lengths join as others leave (at most 4 at once, so the last rows keep moving into the
+    places of finished ones): every request's log-probs are still its own sequence's under the model."""
+    engine = TransformersEngine(str(tiny_model_dir), max_running_requests=4, prefix_cache_mb=0)
+    jobs = [([3 + i] * (1 + i % 5) + [40 + i], 1 + (i * 5) % 11) for i in range(14)]
+
+    async def many():
+        return await asyncio.gather(
+            *(
+                engine.async_generate(
+                    input_ids=prompt,
+                    sampling_params={"temperature": 1.0, "max_new_tokens": n, "ignore_eos": True},
+                    return_logprob=True,
+                )
+                for prompt, n in jobs
+            )
+        )
+
+    try:
+        results = run(many())
+    finally:
+        engine.shutdown()
+    for (prompt, n), result in zip(jobs, results):
+        assert len(result["output_ids"]) == n
+        expected = reference_logprobs(policy_model, prompt, result["output_ids"])
+        torch.testing.assert_close(torch.tensor(output_logprobs(result)), expected, atol=1e-4, rtol=0)
+
+
 def test_weight_update_changes_greedy_output_to_updated_model(engine, policy_model, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
