@@ -244,8 +244,8 @@ class RunningBatch(Generic[R]):
         for hole, mover in zip(holes, movers):
             self.requests[hole] = self.requests[mover]
         del self.requests[remaining:]
-        mask = mask.clone() if holes else mask
         if holes:
+            mask = mask.clone()
             mask[holes] = mask[movers]
         mask = mask[:remaining]
         trim = int(mask.any(dim=0).int().argmax())  # columns that are padding for every remaining row
