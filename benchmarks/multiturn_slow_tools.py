@@ -225,16 +225,18 @@ def main() -> None:
         f"{args.prompts * args.samples * (TURNS - 1)}, {args.threads} threads, median of {args.repeats}"
     )
     medians = {k: statistics.median(v) for k, v in timings.items()}
-    busy = {k: statistics.median(v) for k, v in compute.items()}
+    compute_medians = {k: statistics.median(v) for k, v in compute.items()}
     for name, seconds in medians.items():
-        print(f"  {name:20s} {seconds:7.3f} s   (engine compute {busy[name]:.3f} s)")
+        print(f"  {name:20s} {seconds:7.3f} s   (engine compute {compute_medians[name]:.3f} s)")
     managed, stepped, ahead, carried = medians.values()
     print(
         f"  manager / lockstep {managed / stepped:.2f} (target <= 0.6); async / lockstep {ahead / stepped:.2f}, "
         f"tail carried / lockstep {carried / stepped:.2f} (<= 0.5)"
     )
     # A schedule that spends the engine compute lockstep spends cannot take less wall time than that compute.
-    print(f"  lockstep's engine compute / its wall time {busy['lockstep baseline'] / stepped:.2f}: the compute floor")
+    print(
+        f"  lockstep's engine compute / its wall time {compute_medians['lockstep baseline'] / stepped:.2f}: the compute floor"
+    )
 
 
 if __name__ == "__main__":

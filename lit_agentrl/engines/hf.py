@@ -38,7 +38,7 @@ from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.prefix_cache import CachedPrefix, PrefixCache
 from lit_agentrl.engines.registry import register_engine
-from lit_agentrl.engines.running_batch import RunningBatch, prefix_cache, select_rows
+from lit_agentrl.engines.running_batch import RunningBatch, cache_with_prefixes, select_rows
 from lit_agentrl.engines.sampling import SamplingParams, sample_tokens
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.processors import image_digest, is_vision_language, load_image, mrope_position_ids, vision_settings
@@ -602,7 +602,7 @@ class TransformersEngine(RolloutEngine):
                         grids.append(seen.grids[k])
             mask[row, past - reused : past] = 1
             mask[row, past + width - len(new) :] = 1
-        cache = prefix_cache(cached, past)
+        cache = cache_with_prefixes(cached, past)
         mask = mask.to(self.device)
         vision: dict[str, Any] = {}
         if pixels:

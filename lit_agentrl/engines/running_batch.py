@@ -11,7 +11,7 @@ the engine's time in a multi-turn rollout).
 
 from __future__ import annotations
 
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 import torch
 from transformers import DynamicCache
@@ -20,18 +20,6 @@ from transformers.cache_utils import DynamicLayer
 from lit_agentrl.engines.prefix_cache import CachedPrefix, LayerKV
 
 R = TypeVar("R")
-
-
-class KVLayer(Protocol):
-    """One initialised full-attention cache layer: [B, kv_heads, T, head_dim] keys and values."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-
-
-def kv_layers(cache: DynamicCache) -> list[KVLayer]:
-    """The cache's layers with their tensors typed (transformers types them as optional, and as any layer kind)."""
-    return cast("list[KVLayer]", cache.layers)
 
 
 class BatchLayer(DynamicLayer):
@@ -88,10 +76,8 @@ class BatchLayer(DynamicLayer):
         first = self.rows
         self._open(len(rows), width)
         for row, kv in enumerate(rows, start=first):
-            if kv is None:
-                self._write(slice(row, row + 1), None, None)
-            else:
-                self._write(slice(row, row + 1), kv[0].unsqueeze(0), kv[1].unsqueeze(0))
+            keys, values = (kv[0].unsqueeze(0), kv[1].unsqueeze(0)) if kv is not None else (None, None)
+            self._write(slice(row, row + 1), keys, values)
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep rows ``index`` (repeats allowed), in that order: for copies of one prompt prefilled once."""
@@ -161,7 +147,7 @@ def batch_cache() -> DynamicCache:
     return cache
 
 
-def prefix_cache(cached: list[CachedPrefix | None], width: int) -> DynamicCache:
+def cache_with_prefixes(cached: list[CachedPrefix | None], width: int) -> DynamicCache:
     """A batch cache holding each row's cached prefix (None: none), right-aligned in ``width`` columns: what a
     prefill of the rows' remaining tokens continues."""
     cache = batch_cache()
@@ -176,9 +162,14 @@ def prefix_cache(cached: list[CachedPrefix | None], width: int) -> DynamicCache:
     return cache
 
 
+def batch_layers(cache: DynamicCache) -> list[BatchLayer]:
+    """A :func:`batch_cache`'s layers, typed (transformers types them as any layer kind)."""
+    return cast("list[BatchLayer]", cache.layers)
+
+
 def select_rows(cache: DynamicCache, index: torch.Tensor) -> None:
     """Keep the batch cache's rows ``index`` (repeats allowed), in that order."""
-    for layer in cast("list[BatchLayer]", cache.layers):
+    for layer in batch_layers(cache):
         layer.select_rows(index)
 
 
@@ -200,7 +191,7 @@ class RunningBatch(Generic[R]):
 
     def _layers(self) -> list[BatchLayer]:
         cache, _ = self._state()
-        return cast("list[BatchLayer]", cache.layers)
+        return batch_layers(cache)
 
     def merge(self, requests: list[R], cache: DynamicCache, mask: torch.Tensor) -> None:
         """Append freshly prefilled rows: ``cache`` (a :func:`batch_cache`) and ``mask`` as the prefill left them."""
@@ -209,7 +200,7 @@ class RunningBatch(Generic[R]):
             self.requests, self.cache, self.mask = list(requests), cache, mask
             return
         _, own_mask = self._state()
-        for layer, new in zip(self._layers(), kv_layers(cache)):
+        for layer, new in zip(self._layers(), batch_layers(cache)):
             layer.join(new.keys, new.values)
         width = self._layers()[0].width
         self.mask = torch.cat([left_pad(own_mask, width, 1), left_pad(mask, width, 1)], dim=0)
