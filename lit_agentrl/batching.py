@@ -79,7 +79,7 @@ class Overlong:
 
 def prepare_samples(
     trajectories: Sequence[Trajectory],
-    normalize_std: bool = True,
+    advantage_std: str = "sample",
     need_rollout_logprobs: bool = True,
     overlong: Overlong | None = None,
 ) -> PreparedSamples:
@@ -87,7 +87,8 @@ def prepare_samples(
 
     With ``need_rollout_logprobs`` (the old log-probs are the engine's) a trajectory whose agent returned no
     ``response_logprobs`` is an error naming the agent; otherwise its old log-probs are left for the trainer.
-    ``overlong`` says what truncated trajectories get (see :class:`Overlong`; default: trained as they are).
+    ``advantage_std`` is :data:`~lit_agentrl.losses.ADVANTAGE_STDS`'s. ``overlong`` says what truncated trajectories
+    get (see :class:`Overlong`; default: trained as they are).
     """
     overlong = overlong or Overlong()
     ok = [t for t in trajectories if not t.failed and t.num_generated_tokens > 0]
@@ -101,7 +102,7 @@ def prepare_samples(
         return PreparedSamples([], 0, 0, len(trajectories))
     rewards = torch.tensor([t.reward + overlong.penalty(t.num_generated_tokens) for t in ok], dtype=torch.float64)
     groups = torch.tensor([t.group for t in ok])
-    adv = grpo_advantages(rewards, groups, normalize_std=normalize_std)
+    adv = grpo_advantages(rewards, groups, std=advantage_std)
     samples = [_shift(t, float(a)) for t, a in zip(ok, adv.advantages.tolist())]
     for t, sample in zip(ok, samples):  # kept on the trajectory for the trajectory log and the viewer
         t.advantage = sample.advantage

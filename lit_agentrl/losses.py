@@ -17,22 +17,31 @@ class GroupAdvantages(NamedTuple):
     num_flat_groups: int  # groups whose rewards are all equal: zero advantage, no gradient
 
 
-def grpo_advantages(
-    rewards: torch.Tensor, groups: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6
-) -> GroupAdvantages:
-    """Group-relative advantages: each reward minus its group's mean, optionally over the group's std.
+ADVANTAGE_STDS = ("sample", "population", "none")
+"""``model.advantage_std``: what a group's centred rewards are divided by. ``sample``: the unbiased (n - 1) std, as
+``torch.std`` gives it (TRL, verl, OpenRLHF); ``population``: the n std (ChatLearn's ``np.std``); ``none``: not
+divided, Dr. GRPO."""
 
-    rewards: [N] float; groups: [N] int (trajectories of one prompt share a group id). With
-    ``normalize_std=False`` this is Dr. GRPO's unbiased variant. The std is the population std.
+
+def grpo_advantages(
+    rewards: torch.Tensor, groups: torch.Tensor, std: str = "sample", eps: float = 1e-6
+) -> GroupAdvantages:
+    """Group-relative advantages: each reward minus its group's mean, over the group's std plus ``eps``.
+
+    rewards: [N] float; groups: [N] int (trajectories of one prompt share a group id). ``std`` is one of
+    :data:`ADVANTAGE_STDS`. A group of one trajectory has zero advantage (and counts as flat) whatever ``std`` is.
     """
+    if std not in ADVANTAGE_STDS:
+        raise ValueError(f"model.advantage_std must be one of {list(ADVANTAGE_STDS)}, got {std!r}")
     _, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
     num_groups = counts.numel()
     sums = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(0, inverse, rewards)
     means = sums / counts
     centered = rewards - means[inverse]
     squares = torch.zeros_like(sums).index_add_(0, inverse, centered**2)
-    stds = (squares / counts).sqrt()
-    advantages = centered / (stds[inverse] + eps) if normalize_std else centered
+    degrees = (counts - 1).clamp(min=1) if std == "sample" else counts  # Bessel's n - 1 (a group of one: 0 / 1)
+    stds = (squares / degrees).sqrt()
+    advantages = centered if std == "none" else centered / (stds[inverse] + eps)
     return GroupAdvantages(advantages, num_groups, int((stds <= eps).sum()))
 
 

@@ -39,7 +39,7 @@ from lit_agentrl.errors import UserInputError
 from lit_agentrl.evaluation import EvalResult, PassAtK
 from lit_agentrl.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
 from lit_agentrl.logprobs import check_chunked_head, model_token_logprobs, relative_difference
-from lit_agentrl.losses import LossScale, TokenLogProbs
+from lit_agentrl.losses import ADVANTAGE_STDS, LossScale, TokenLogProbs
 from lit_agentrl.objective import Objective, loss_scale, micro_batch_loss
 from lit_agentrl.processors import vision_settings
 from lit_agentrl.types import PromptBatch
@@ -57,7 +57,7 @@ class UpdateSettings:
     betas: tuple[float, float]
     warmup_steps: int
     lr_schedule: str
-    normalize_advantage_std: bool
+    advantage_std: str
     mini_batches: int
     micro_batch_tokens: int
     sequence_packing: bool
@@ -71,6 +71,7 @@ class UpdateSettings:
             (self.lr > 0, f"model.lr must be > 0, got {self.lr}"),
             (self.warmup_steps >= 0, f"model.warmup_steps must be >= 0, got {self.warmup_steps}"),
             (self.lr_schedule in LR_SCHEDULES, f"model.lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}"),
+            (self.advantage_std in ADVANTAGE_STDS, f"model.advantage_std must be one of {list(ADVANTAGE_STDS)}, got {self.advantage_std!r}"),
             (self.mini_batches >= 1, f"model.mini_batches must be >= 1, got {self.mini_batches}"),
             (self.micro_batch_tokens >= 1, f"model.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}"),
             (self.logprob_chunk_tokens >= 0, f"model.logprob_chunk_tokens must be >= 0 (0: full logits), got {self.logprob_chunk_tokens}"),
@@ -99,7 +100,8 @@ class GRPOModule(L.LightningModule):
         loss_aggregation: ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum`` or Dr. GRPO's
             ``seq-mean-token-sum-norm`` (with ``loss_norm_length``), or any name in
             :data:`lit_agentrl.losses.AGGREGATIONS`.
-        normalize_advantage_std: divide advantages by the group's std (GRPO); False is Dr. GRPO.
+        advantage_std: what a group's centred rewards are divided by: ``sample`` (the unbiased n - 1 std, as TRL, verl
+            and OpenRLHF do; the default), ``population`` (the n std, as ChatLearn does) or ``none`` (Dr. GRPO).
         mini_batches: optimizer steps per rollout batch (the batch's samples split evenly).
         micro_batch_tokens: token budget of one forward/backward (rows x padded length).
         sequence_packing: pack several sequences into one row (positions restart per sequence), so training
@@ -112,7 +114,7 @@ class GRPOModule(L.LightningModule):
             logits are recomputed in backward (see :mod:`lit_agentrl.logprobs`); 0 computes full logits at every
             position, as the model's own forward does (more memory, no recomputation).
         old_logprobs, rollout_correction, rollout_correction_level, rollout_is_threshold, rollout_is_threshold_low,
-            policy_ratio, clip_ratio_c, loss_norm_length: see :class:`~lit_agentrl.objective.Objective`.
+            rollout_mis_weight, policy_ratio, clip_ratio_c, loss_norm_length: see :class:`~lit_agentrl.objective.Objective`.
         truncated, overlong_max_length, overlong_buffer, overlong_penalty_factor: what trajectories cut by the
             length limit get: ``keep`` (trained as they are), ``mask`` (no loss), ``penalty`` (DAPO's soft overlong
             penalty); see :class:`~lit_agentrl.batching.Overlong`.
@@ -134,7 +136,7 @@ class GRPOModule(L.LightningModule):
         kl_coef: float = 0.0,
         entropy_coef: float = 0.0,
         loss_aggregation: str = "token-mean",
-        normalize_advantage_std: bool = True,
+        advantage_std: Literal["sample", "population", "none"] = "sample",
         mini_batches: int = 1,
         micro_batch_tokens: int = 16384,
         sequence_packing: bool = True,
@@ -145,9 +147,10 @@ class GRPOModule(L.LightningModule):
         logprob_chunk_tokens: int = 1024,
         old_logprobs: Literal["engine", "trainer"] = "engine",
         rollout_correction: Literal["tis", "mis"] | None = None,
-        rollout_correction_level: Literal["token", "sequence"] = "token",
+        rollout_correction_level: Literal["token", "sequence", "geometric"] = "token",
         rollout_is_threshold: float = 2.0,
         rollout_is_threshold_low: float | None = None,
+        rollout_mis_weight: Literal["importance", "one"] = "importance",
         policy_ratio: Literal["token", "sequence"] = "token",
         clip_ratio_c: float | None = None,
         loss_norm_length: int | None = None,
@@ -159,13 +162,19 @@ class GRPOModule(L.LightningModule):
     ) -> None:
         super().__init__()
         self.update = UpdateSettings(
-            lr, weight_decay, (betas[0], betas[1]), warmup_steps, lr_schedule, normalize_advantage_std, mini_batches,
-            micro_batch_tokens, sequence_packing, grad_clip, param_dtype, gradient_checkpointing, logprob_chunk_tokens,
+            lr=lr, weight_decay=weight_decay, betas=(betas[0], betas[1]), warmup_steps=warmup_steps,
+            lr_schedule=lr_schedule, advantage_std=advantage_std, mini_batches=mini_batches,
+            micro_batch_tokens=micro_batch_tokens, sequence_packing=sequence_packing, grad_clip=grad_clip,
+            param_dtype=param_dtype, gradient_checkpointing=gradient_checkpointing,
+            logprob_chunk_tokens=logprob_chunk_tokens,
         )  # fmt: skip
         self.objective = Objective(
-            clip_ratio_low, clip_ratio_high, kl_coef, entropy_coef, loss_aggregation, rollout_temperature, old_logprobs,
-            rollout_correction, rollout_correction_level, rollout_is_threshold, rollout_is_threshold_low, policy_ratio,
-            clip_ratio_c, loss_norm_length,
+            clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, kl_coef=kl_coef, entropy_coef=entropy_coef,
+            loss_aggregation=loss_aggregation, temperature=rollout_temperature, old_logprobs=old_logprobs,
+            rollout_correction=rollout_correction, rollout_correction_level=rollout_correction_level,
+            rollout_is_threshold=rollout_is_threshold, rollout_is_threshold_low=rollout_is_threshold_low,
+            rollout_mis_weight=rollout_mis_weight, policy_ratio=policy_ratio, clip_ratio_c=clip_ratio_c,
+            loss_norm_length=loss_norm_length,
         )  # fmt: skip
         self.overlong = Overlong(truncated, overlong_max_length, overlong_buffer, overlong_penalty_factor)
         self.model_path = model_path
@@ -253,7 +262,7 @@ class GRPOModule(L.LightningModule):
         objective = self.objective
         engine_logprobs_needed = objective.old_logprobs == "engine" or objective.rollout_correction is not None
         prepared = prepare_samples(
-            batch.rollout.trajectories, self.update.normalize_advantage_std, engine_logprobs_needed, self.overlong
+            batch.rollout.trajectories, self.update.advantage_std, engine_logprobs_needed, self.overlong
         )
         stats: dict[str, list[float]] = {}
         if objective.old_logprobs == "trainer" and not self.old_logprobs_from_update:

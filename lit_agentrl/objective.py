@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from lit_agentrl.batching import MicroBatch, TrainingSample
-from lit_agentrl.correction import CORRECTIONS, LEVELS, correction_weights
+from lit_agentrl.correction import CORRECTIONS, LEVELS, MIS_WEIGHTS, correction_weights
 from lit_agentrl.losses import AGGREGATIONS, LossScale, TokenLogProbs, aggregate, clipped_policy_loss, kl_to_reference
 
 OLD_LOGPROBS = ("engine", "trainer")
@@ -41,10 +41,14 @@ class Objective:
             policy's, recomputed before the update with the same micro-batching).
         rollout_correction: None, ``tis`` or ``mis``: importance weights between the engine and the trainer
             (:mod:`lit_agentrl.correction`); needs ``old_logprobs: trainer``.
-        rollout_correction_level: ``token`` or ``sequence`` (a sequence's geometric-mean ratio).
+        rollout_correction_level: ``token``, ``sequence`` (the product of the sequence's token ratios) or
+            ``geometric`` (``mis`` only: sequences dropped by their geometric-mean ratio).
         rollout_is_threshold: C, where ``tis`` truncates and the top of ``mis``'s band.
         rollout_is_threshold_low: the bottom of ``mis``'s band (None: 1 / C).
-        policy_ratio: ``token`` (PPO/GRPO) or ``sequence`` (GSPO: one ratio per sequence, the geometric mean).
+        rollout_mis_weight: what ``mis`` leaves on the tokens it keeps: ``importance`` (their truncated importance
+            weight, the published masked importance sampling) or ``one`` (pure rejection sampling).
+        policy_ratio: ``token`` (PPO/GRPO) or ``sequence`` (GSPO: one ratio per sequence, the geometric mean), which
+            needs ``loss_aggregation: seq-mean-token-mean``, GSPO's mean over sequences.
         clip_ratio_c: dual-clip's c (> 1) for negative advantages; None: off.
         loss_norm_length: Dr. GRPO's constant normaliser, needed by ``seq-mean-token-sum-norm``.
     """
@@ -60,6 +64,7 @@ class Objective:
     rollout_correction_level: str = "token"
     rollout_is_threshold: float = 2.0
     rollout_is_threshold_low: float | None = None
+    rollout_mis_weight: str = "importance"
     policy_ratio: str = "token"
     clip_ratio_c: float | None = None
     loss_norm_length: int | None = None
@@ -102,8 +107,24 @@ class Objective:
                 f"{self.rollout_is_threshold_low}",
             ),
             (
+                self.rollout_correction != "tis" or self.rollout_correction_level != "geometric",
+                "model.rollout_correction: tis weighs tokens by an importance weight, and a geometric-mean ratio is "
+                "not one: set model.rollout_correction_level to sequence (the product of the token ratios) or token, "
+                "or model.rollout_correction: mis to drop sequences by their geometric mean",
+            ),
+            (
+                self.rollout_mis_weight in MIS_WEIGHTS,
+                f"model.rollout_mis_weight must be one of {list(MIS_WEIGHTS)}, got {self.rollout_mis_weight!r}",
+            ),
+            (
                 self.policy_ratio in POLICY_RATIOS,
                 f"model.policy_ratio must be one of {list(POLICY_RATIOS)}, got {self.policy_ratio!r}",
+            ),
+            (
+                self.policy_ratio != "sequence" or self.loss_aggregation == "seq-mean-token-mean",
+                "model.policy_ratio: sequence is GSPO, whose objective is a mean over sequences: set "
+                "model.loss_aggregation: seq-mean-token-mean (got "
+                f"{self.loss_aggregation!r}, which weighs a sequence by its length)",
             ),
             (
                 self.clip_ratio_c is None or self.clip_ratio_c > 1,
@@ -167,6 +188,7 @@ def micro_batch_loss(
             objective.rollout_correction_level,
             objective.rollout_is_threshold,
             objective.rollout_is_threshold_low,
+            objective.rollout_mis_weight,
         )
     loss, clip = clipped_policy_loss(
         logprobs,

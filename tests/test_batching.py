@@ -134,7 +134,8 @@ def test_prepare_samples_leaves_failed_trajectories_out_of_groups():
     failed = Trajectory(0, 2, "a", failed=True, failure_reason="boom", reward=100.0)
     prepared = prepare_samples([*ok, failed])
     assert prepared.num_failed == 1 and len(prepared.samples) == 2
-    assert [round(s.advantage, 4) for s in prepared.samples] == [-1.0, 1.0]  # the failed reward is not in the group
+    # rewards 0 and 1 (the failed 100 is not in the group): centred -0.5, 0.5 over the sample std sqrt(0.5)
+    assert [round(s.advantage, 4) for s in prepared.samples] == [-0.7071, 0.7071]
     shifted = prepared.samples[0]
     assert shifted.input_ids == [1, 2, 3] and shifted.targets == [2, 3, 4] and shifted.loss_mask == [0, 1, 1]
     assert shifted.old_logprobs == [0.0, -0.1, -0.2]

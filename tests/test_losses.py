@@ -20,7 +20,7 @@ from lit_agentrl.losses import (
     token_logprobs,
 )
 
-EPS = 1e-6  # grpo_advantages' default eps: advantage = centered / (population std + eps)
+EPS = 1e-6  # grpo_advantages' default eps: advantage = centered / (std + eps)
 
 
 def _f64(values) -> torch.Tensor:
@@ -41,25 +41,35 @@ def _assert_close(actual: torch.Tensor, expected, tol: float = 1e-9) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_grpo_advantages_two_groups_mean_and_population_std():
-    # group 0: rewards 1, 2, 3, 6 -> mean 3, centered -2, -1, 0, 3, population var (4+1+0+9)/4 = 3.5
-    # group 1: rewards 0, 1       -> mean 0.5, centered -0.5, 0.5, population var 0.25, std 0.5
+def test_grpo_advantages_divide_by_the_sample_std_by_default():
+    # group 0: rewards 1, 2, 3, 6 -> mean 3, centered -2, -1, 0, 3, squares sum 14: sample var 14/3
+    # group 1: rewards 0, 1       -> mean 0.5, centered -0.5, 0.5, squares sum 0.5: sample var 0.5 / 1
     rewards = _f64([1.0, 2.0, 3.0, 6.0, 0.0, 1.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1])
     out = grpo_advantages(rewards, groups)
+    s0 = math.sqrt(14 / 3) + EPS
+    s1 = math.sqrt(0.5) + EPS
+    _assert_close(out.advantages, [-2 / s0, -1 / s0, 0.0, 3 / s0, -0.5 / s1, 0.5 / s1])
+    assert out.advantages[5].item() == pytest.approx(0.7071, abs=1e-4)  # torch.std's (TRL, verl), not +-1
+    assert out.num_groups == 2
+    assert out.num_flat_groups == 0
+
+
+def test_grpo_advantages_population_std_divides_by_n():
+    # the same groups: population var 14/4 = 3.5 and 0.5/2 = 0.25 (std 0.5: group 1 becomes exactly -+1)
+    rewards = _f64([1.0, 2.0, 3.0, 6.0, 0.0, 1.0])
+    out = grpo_advantages(rewards, torch.tensor([0, 0, 0, 0, 1, 1]), std="population")
     s0 = math.sqrt(3.5) + EPS
     s1 = 0.5 + EPS
     _assert_close(out.advantages, [-2 / s0, -1 / s0, 0.0, 3 / s0, -0.5 / s1, 0.5 / s1])
-    # population std, not the sample (n-1) std: sample std of group 1 would be sqrt(0.5), giving +-0.707
-    assert out.advantages[5].item() == pytest.approx(1.0, abs=1e-5)
-    assert out.num_groups == 2
-    assert out.num_flat_groups == 0
+    with pytest.raises(ValueError, match=r"model\.advantage_std must be one of \['sample', 'population', 'none'\]"):
+        grpo_advantages(rewards, torch.tensor([0, 0, 0, 0, 1, 1]), std="unbiased")
 
 
 def test_grpo_advantages_dr_grpo_is_centered_only():
     rewards = _f64([1.0, 2.0, 3.0, 6.0, 0.0, 1.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1])
-    out = grpo_advantages(rewards, groups, normalize_std=False)
+    out = grpo_advantages(rewards, groups, std="none")
     _assert_close(out.advantages, [-2.0, -1.0, 0.0, 3.0, -0.5, 0.5], tol=1e-12)
     assert out.num_groups == 2
     assert out.num_flat_groups == 0
@@ -67,11 +77,12 @@ def test_grpo_advantages_dr_grpo_is_centered_only():
 
 def test_grpo_advantages_flat_group_is_zero_and_counted():
     # group 5 has rewards 4, 4, 4: mean 4, std 0 -> advantages exactly 0, a flat group
-    # group 9 has rewards 0, 2: mean 1, std 1 -> -1, 1
+    # group 9 has rewards 0, 2: mean 1, sample std sqrt(2) -> -1/sqrt(2), 1/sqrt(2)
     rewards = _f64([4.0, 4.0, 4.0, 0.0, 2.0])
     groups = torch.tensor([5, 5, 5, 9, 9])
     out = grpo_advantages(rewards, groups)
-    _assert_close(out.advantages, [0.0, 0.0, 0.0, -1 / (1 + EPS), 1 / (1 + EPS)])
+    s9 = math.sqrt(2) + EPS
+    _assert_close(out.advantages, [0.0, 0.0, 0.0, -1 / s9, 1 / s9])
     assert torch.isfinite(out.advantages).all()
     assert out.num_groups == 2
     assert out.num_flat_groups == 1
@@ -83,25 +94,25 @@ def test_grpo_advantages_flat_group_is_zero_and_counted():
 
 
 def test_grpo_advantages_interleaved_groups():
-    # groups [0, 1, 0, 1]: group 0 has rewards 1, 3 (mean 2, std 1), group 1 has 10, 20 (mean 15, std 5)
+    # groups [0, 1, 0, 1]: group 0 has rewards 1, 3 (mean 2, population std 1), group 1 has 10, 20 (mean 15, std 5)
     rewards = _f64([1.0, 10.0, 3.0, 20.0])
     groups = torch.tensor([0, 1, 0, 1])
-    out = grpo_advantages(rewards, groups)
+    out = grpo_advantages(rewards, groups, std="population")
     _assert_close(out.advantages, [-1 / (1 + EPS), -5 / (5 + EPS), 1 / (1 + EPS), 5 / (5 + EPS)])
-    centered = grpo_advantages(rewards, groups, normalize_std=False)
+    centered = grpo_advantages(rewards, groups, std="none")
     _assert_close(centered.advantages, [-1.0, -5.0, 1.0, 5.0], tol=1e-12)
     assert out.num_groups == 2
 
 
 def test_grpo_advantages_non_contiguous_ids():
-    # ids 7 and 3, interleaved: group 7 = rewards 1, 3 (mean 2, std 1);
-    # group 3 = rewards 10, 20, 30 (mean 20, centered -10, 0, 10, var 200/3, std 10*sqrt(2/3))
+    # ids 7 and 3, interleaved: group 7 = rewards 1, 3 (mean 2, sample var 2 / 1, std sqrt(2));
+    # group 3 = rewards 10, 20, 30 (mean 20, centered -10, 0, 10, sample var 200/2, std 10)
     rewards = _f64([1.0, 10.0, 3.0, 20.0, 30.0])
     groups = torch.tensor([7, 3, 7, 3, 3])
     out = grpo_advantages(rewards, groups)
-    s3 = 10 * math.sqrt(2 / 3) + EPS
-    _assert_close(out.advantages, [-1 / (1 + EPS), -10 / s3, 1 / (1 + EPS), 0.0, 10 / s3])
-    centered = grpo_advantages(rewards, groups, normalize_std=False)
+    s7, s3 = math.sqrt(2) + EPS, 10 + EPS
+    _assert_close(out.advantages, [-1 / s7, -10 / s3, 1 / s7, 0.0, 10 / s3])
+    centered = grpo_advantages(rewards, groups, std="none")
     _assert_close(centered.advantages, [-1.0, -10.0, 1.0, 0.0, 10.0], tol=1e-12)
     assert out.num_groups == 2
     assert out.num_flat_groups == 0
@@ -113,9 +124,10 @@ def test_grpo_advantages_num_groups_counts_distinct_ids():
     assert grpo_advantages(rewards, torch.tensor([2, 4, 6, 2, 4, 6])).num_groups == 3
     singles = grpo_advantages(rewards, torch.tensor([0, 1, 2, 3, 4, 5]))
     assert singles.num_groups == 6
-    # a group of one trajectory has std 0: zero advantage, flat
+    # a group of one trajectory has zero advantage and is flat (its sample std, 0 / 0, is taken as 0, not NaN)
     _assert_close(singles.advantages, [0.0] * 6, tol=0.0)
     assert singles.num_flat_groups == 6
+    assert grpo_advantages(rewards, torch.arange(6), std="population").num_flat_groups == 6
 
 
 # ---------------------------------------------------------------------------------------------------------

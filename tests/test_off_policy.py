@@ -72,19 +72,115 @@ def test_tis_truncates_the_weights_at_c_and_reports_the_mismatch():
     assert stats["train/is_weight_mean"] == pytest.approx(5.0)  # a sum over tokens, divided by their count later
     assert stats["train/is_clipped_frac"] == pytest.approx(2.0)
     assert stats["train/mismatch_ratio_max"] == pytest.approx(5.0)
-    # k3 with d = log mu - log pi_old: (0.2 - ln 0.2 - 1) + 0 + (1/3 - ln(1/3) - 1)
-    assert stats["train/mismatch_kl"] == pytest.approx((0.2 - LOG(0.2) - 1) + (1 / 3 - LOG(1 / 3) - 1))
 
 
-def test_mis_drops_tokens_or_whole_sequences_outside_the_band():
-    weights, stats = correction_weights(OLD, ROLLOUT, MASK, INDEX, "mis", threshold=2.0)  # band [0.5, 2]
+def test_mismatch_kl_is_k3_of_kl_from_the_engine_for_tokens_the_engine_sampled():
+    # Tokens sampled from mu: with r = pi_old / mu, E_mu[r - 1 - log r] = 1 - 1 + KL(mu || pi_old). Here r = 5, 1, 3:
+    # (5 - 1 - ln 5) + 0 + (3 - 1 - ln 3) = 2.3906 + 0.9014 (k3 of the other direction, 1/r - 1 + ln r, would give
+    # 0.8094 + 0.4319).
+    _, stats = correction_weights(OLD, ROLLOUT, MASK, INDEX, "tis", threshold=2.0)
+    assert stats["train/mismatch_kl"] == pytest.approx((5 - 1 - LOG(5)) + (3 - 1 - LOG(3)))
+    # Its mean over many tokens drawn from mu is KL(mu || pi_old) itself, computed here from the two distributions.
+    mu, pi_old = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])
+    drawn = torch.multinomial(mu, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
+    old, rollout = pi_old.log()[drawn].unsqueeze(0), mu.log()[drawn].unsqueeze(0)
+    mask, index = torch.ones_like(old), torch.zeros_like(old, dtype=torch.long)
+    _, stats = correction_weights(old, rollout, mask, index, "tis")
+    kl_mu_pi_old = 0.5 * LOG(0.5 / 0.2) + 0.3 * LOG(1.0) + 0.2 * LOG(0.2 / 0.5)  # 0.2749
+    assert stats["train/mismatch_kl"] / drawn.numel() == pytest.approx(kl_mu_pi_old, rel=0.02)
+
+
+def test_sequence_level_tis_weighs_a_sequence_by_the_product_of_its_token_ratios():
+    # rho = 5 * 1 * 3 = 15 (its geometric mean, 2.47, is not an importance weight): min(15, C) on every token
+    weights, stats = correction_weights(OLD, ROLLOUT, MASK, INDEX, "tis", level="sequence", threshold=20.0)
+    torch.testing.assert_close(weights, torch.full((1, 3), 15.0))
+    assert stats["train/is_clipped_frac"] == 0.0
+    weights, stats = correction_weights(OLD, ROLLOUT, MASK, INDEX, "tis", level="sequence", threshold=2.0)
+    torch.testing.assert_close(weights, torch.full((1, 3), 2.0))
+    assert stats["train/is_clipped_frac"] == pytest.approx(3.0)
+
+
+# Two packed sequences: A's tokens have rho = 1.5 and 1.2 (product 1.8, geometric mean 1.342), B's 1.5 and 1.5
+# (product 2.25, geometric mean 1.5), then one padding token.
+PACKED_OLD = torch.tensor([[LOG(0.6), LOG(0.6), LOG(0.6), LOG(0.6), 0.0]])
+PACKED_ROLLOUT = torch.tensor([[LOG(0.4), LOG(0.5), LOG(0.4), LOG(0.4), 0.0]])
+PACKED_MASK = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+PACKED_INDEX = torch.tensor([[0, 0, 1, 1, -1]])
+
+
+def packed_weights(kind: str, level: str, mis_weight: str = "importance", threshold: float = 2.0) -> torch.Tensor:
+    args = (PACKED_OLD, PACKED_ROLLOUT, PACKED_MASK, PACKED_INDEX, kind, level, threshold)
+    return correction_weights(*args, mis_weight=mis_weight)[0]
+
+
+def test_sequence_level_tis_in_packed_rows():
+    torch.testing.assert_close(packed_weights("tis", "sequence"), torch.tensor([[1.8, 1.8, 2.0, 2.0, 0.0]]))
+
+
+def test_mis_keeps_the_importance_weight_of_the_tokens_it_keeps_or_one_when_asked():
+    # band [0.5, 2]: rho 5 and 3 dropped, rho 1 kept with its weight 1
+    weights, stats = correction_weights(OLD, ROLLOUT, MASK, INDEX, "mis", threshold=2.0)
     torch.testing.assert_close(weights, torch.tensor([[0.0, 1.0, 0.0]]))
     assert stats["train/is_clipped_frac"] == pytest.approx(2.0)
-    # the sequence's geometric mean (5 * 1 * 3) ** (1/3) = 2.47 > 2: every token dropped; with C = 3 all kept
-    weights, _ = correction_weights(OLD, ROLLOUT, MASK, INDEX, "mis", level="sequence", threshold=2.0)
+    # rho 1.5, 1.2, 1.5, 1.5 all inside the band: IcePop's MIS keeps each token's rho (min(rho, C) = rho in the band)
+    torch.testing.assert_close(packed_weights("mis", "token"), torch.tensor([[1.5, 1.2, 1.5, 1.5, 0.0]]))
+    torch.testing.assert_close(packed_weights("mis", "token", "one"), torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]]))
+    # a band that drops rho = 1.2: [1.3, 2]
+    weights, _ = correction_weights(*(PACKED_OLD, PACKED_ROLLOUT, PACKED_MASK, PACKED_INDEX), "mis", "token", 2.0, 1.3)
+    torch.testing.assert_close(weights, torch.tensor([[1.5, 0.0, 1.5, 1.5, 0.0]]))
+
+
+def test_sequence_mis_keeps_or_drops_sequences_by_their_product_and_keeps_its_weight():
+    # Seq-MIS (Liu, Li et al. 2025): A's rho = 1.8 in [0.5, 2], kept with weight 1.8; B's 2.25 > 2, dropped
+    torch.testing.assert_close(packed_weights("mis", "sequence"), torch.tensor([[1.8, 1.8, 0.0, 0.0, 0.0]]))
+    torch.testing.assert_close(packed_weights("mis", "sequence", "one"), torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0]]))
+
+
+def test_geometric_mis_drops_sequences_by_their_geometric_mean_and_keeps_their_truncated_weight():
+    # geometric means 1.342 and 1.5, both in [0.5, 2]: both kept, weighing min(1.8, 2) and min(2.25, 2)
+    torch.testing.assert_close(packed_weights("mis", "geometric"), torch.tensor([[1.8, 1.8, 2.0, 2.0, 0.0]]))
+    torch.testing.assert_close(packed_weights("mis", "geometric", "one"), torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]]))
+    # C = 1.4 drops B (1.5 > 1.4) and keeps A (1.342), whose weight is truncated at C: min(1.8, 1.4)
+    torch.testing.assert_close(
+        packed_weights("mis", "geometric", threshold=1.4), torch.tensor([[1.4, 1.4, 0.0, 0.0, 0.0]])
+    )
+    # the single sequence above: geometric mean (5 * 1 * 3) ** (1/3) = 2.47 > 2: dropped; with C = 3 kept at min(15, 3)
+    weights, _ = correction_weights(OLD, ROLLOUT, MASK, INDEX, "mis", level="geometric", threshold=2.0)
     torch.testing.assert_close(weights, torch.zeros(1, 3))
-    weights, _ = correction_weights(OLD, ROLLOUT, MASK, INDEX, "mis", level="sequence", threshold=3.0)
-    torch.testing.assert_close(weights, torch.ones(1, 3))
+    weights, _ = correction_weights(OLD, ROLLOUT, MASK, INDEX, "mis", level="geometric", threshold=3.0)
+    torch.testing.assert_close(weights, torch.full((1, 3), 3.0))
+
+
+def test_a_geometric_mean_is_refused_as_an_importance_weight():
+    with pytest.raises(ValueError, match="rejection statistic"):
+        packed_weights("tis", "geometric")
+    with pytest.raises(ValueError, match=r"model\.rollout_correction_level to sequence"):
+        Objective(old_logprobs="trainer", rollout_correction="tis", rollout_correction_level="geometric")
+    with pytest.raises(ValueError, match=r"model\.rollout_mis_weight must be one of \['importance', 'one'\]"):
+        Objective(old_logprobs="trainer", rollout_correction="mis", rollout_mis_weight="ones")
+
+
+def test_gspo_needs_its_mean_over_sequences():
+    with pytest.raises(
+        ValueError, match=r"policy_ratio: sequence is GSPO.*model\.loss_aggregation: seq-mean-token-mean"
+    ):
+        Objective(policy_ratio="sequence")
+    Objective(policy_ratio="sequence", loss_aggregation="seq-mean-token-mean")
+
+
+def test_gspo_loss_is_the_mean_over_sequences_of_the_clipped_sequence_objective():
+    # GSPO (Zheng et al. 2025): J = 1/G sum_i min(s_i A_i, clip(s_i) A_i), s_i the geometric-mean ratio. Sequence 0
+    # (3 tokens, s = 1, A = 1) and sequence 1 (1 token, r = 1.1, A = -1): J = (1 + -1.1) / 2 = -0.05, loss 0.05.
+    # A token mean would weigh sequence 0 three times: -(3 * 1 - 1.1) / 4 = -0.475.
+    new = torch.tensor([[LOG(0.5), LOG(0.5), LOG(0.5), LOG(0.55)]])
+    old = torch.tensor([[LOG(0.5), LOG(0.5), LOG(0.5), LOG(0.5)]])
+    index = torch.tensor([[0, 0, 0, 1]])
+    objective = Objective(policy_ratio="sequence", loss_aggregation="seq-mean-token-mean")
+    loss, _ = clipped_policy_loss(
+        new, old, torch.tensor([[1.0, 1.0, 1.0, -1.0]]), torch.ones(1, 4), aggregation=objective.loss_aggregation,
+        sequence_index=index, sequence_ratio=True,
+    )  # fmt: skip
+    assert float(loss) == pytest.approx(0.05)
 
 
 def test_rollout_correction_needs_the_trainers_old_logprobs():
@@ -174,16 +270,29 @@ def test_dapo_soft_overlong_penalty_falls_linearly_over_the_buffer():
     # up to 16 tokens nothing; then -0.5 * (L - 16) / 4; the limit and beyond: -0.5
     assert [overlong.penalty(n) for n in (10, 16, 17, 18, 20, 25)] == [0.0, 0.0, -0.125, -0.25, -0.5, -0.5]
     # rewards 1 and 1 become 1 and 0.75 (18 tokens): one group, mean 0.875, Dr. GRPO advantages +0.125, -0.125
-    prepared = prepare_samples([finished(0, 1.0, 10, False), finished(0, 1.0, 18, True)], False, True, overlong)
+    prepared = prepare_samples([finished(0, 1.0, 10, False), finished(0, 1.0, 18, True)], "none", True, overlong)
     assert [s.advantage for s in prepared.samples] == pytest.approx([0.125, -0.125])
     with pytest.raises(ValueError, match=r"model\.overlong_max_length"):
         Overlong("penalty")
 
 
+def test_a_multi_turn_overlong_penalty_counts_the_models_tokens_over_all_turns_and_no_others():
+    # DAPO: R_length(y) = ((L_max - L_cache) - |y|) / L_cache for L_max - L_cache < |y| <= L_max, y the policy's
+    # response. Here the policy wrote 3 tokens, a tool answered with 4, the policy wrote 2 more: |y| = 5, not 9 and
+    # not the last turn's 2. L_max = 6, L_cache = 2: (4 - 5) / 2 = -0.5 (times the factor, 1).
+    t = Trajectory(0, 0, "a", [1, 2], [1, 2, 3, 3, 3, 7, 7, 7, 7, 3, 3], [0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1])
+    t.response_logprobs, t.reward = [-0.5] * 9, 1.0
+    overlong = Overlong("penalty", max_length=6, buffer=2)
+    assert overlong.penalty(t.num_generated_tokens) == pytest.approx(-0.5)
+    other = Trajectory(0, 1, "a", [1, 2], [1, 2, 3], [0, 0, 1], [-0.5], reward=1.0)  # |y| = 1: no penalty
+    prepared = prepare_samples([t, other], "none", True, overlong)
+    assert [s.advantage for s in prepared.samples] == pytest.approx([-0.25, 0.25])  # rewards 0.5 and 1, mean 0.75
+
+
 def test_masked_truncated_trajectories_count_in_advantages_but_carry_no_loss():
     trajectories = [finished(0, 1.0, 5, False), finished(0, 0.0, 9, True), finished(0, 0.0, 4, False)]
-    kept = prepare_samples(trajectories, False, True, Overlong("keep")).samples
-    masked = prepare_samples(trajectories, False, True, Overlong("mask")).samples
+    kept = prepare_samples(trajectories, "none", True, Overlong("keep")).samples
+    masked = prepare_samples(trajectories, "none", True, Overlong("mask")).samples
     assert len(kept) == 3 and len(masked) == 2  # the truncated one is out of the loss and of its counts
     assert [s.advantage for s in masked] == pytest.approx([2 / 3, -1 / 3])  # group mean 1/3, with it
     assert [t.truncated for t in trajectories] == [False, True, False]

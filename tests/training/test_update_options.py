@@ -48,7 +48,7 @@ def test_kl_entropy_bonus_mini_batches_and_sequence_aggregation(tmp_path, quicks
         entropy_coef=0.01,
         mini_batches=2,
         loss_aggregation="seq-mean-token-mean",
-        normalize_advantage_std=False,
+        advantage_std="none",
         micro_batch_tokens=16,
         warmup_steps=2,
         lr_schedule="cosine",
