@@ -77,7 +77,7 @@ def correction_weights(
             weights = torch.where(kept, truncated if mis_weight == "importance" else torch.ones_like(rho), 0.0)
             corrected = ~kept
         stats = {
-            "train/mismatch_kl": float((mismatch_kl(old_logprobs, rollout_logprobs) * m).sum()),
+            "train/mismatch_kl": float((mismatch_kl(old_logprobs, rollout_logprobs) * m.double()).sum()),
             "train/is_weight_mean": float((weights * m).sum()),
             "train/is_clipped_frac": float((corrected.to(m.dtype) * m).sum()),
             "train/mismatch_ratio_max": float((token_rho * m).max()) if m.any() else 1.0,
@@ -87,9 +87,12 @@ def correction_weights(
 
 def mismatch_kl(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(mu || pi_old) from tokens sampled by the engine (mu): rho - 1 - log rho with
-    rho = pi_old / mu, >= 0, whose mean under mu is the KL (Schulman's k3; verl's ``rollout_corr_math.md`` §4.1)."""
-    log_rho = (old_logprobs - rollout_logprobs).float().clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    return (log_rho.exp() - 1.0 - log_rho).clamp(min=0.0)  # clamped: for tiny log_rho rounding can dip below 0
+    rho = pi_old / mu, >= 0, whose mean under mu is the KL (Schulman's k3; verl's ``rollout_corr_math.md`` §4.1).
+
+    In float64: for log rho ~ 1e-7 (an fp32 engine against an fp32 trainer) the true value, ~(log rho)^2 / 2, is
+    ~1e-14, and float32's exp(x) - 1 - x would return rounding of ~1e-8 instead."""
+    log_rho = (old_logprobs.double() - rollout_logprobs.double()).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    return (log_rho.exp() - 1.0 - log_rho).clamp(min=0.0)  # clamped: rounding can still dip below 0
 
 
 def _check(kind: str, level: str, mis_weight: str) -> None:

@@ -23,6 +23,30 @@ set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "lit-agentrl-hypothesis")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """What decides this run's bits and skips, at the top of every run: the thread count, and the optional parts
+    (their tests skip without them, saying why; CI provides each and requires it)."""
+    import importlib.util
+    import shutil
+
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    missing = [
+        name
+        for name, present in [
+            ("SGLang (its tests run in scripts/build_sglang_env.sh's venv)", importlib.util.find_spec("sglang")),
+            ("Chromium (the viewer's browser test)", shutil.which("chromium") or shutil.which("chromium-browser")),
+            ("a CUDA GPU (scripts/gpu_checks.sh)", torch.cuda.is_available()),
+        ]
+        if not present
+    ]
+    lines = [f"lit-agentrl: torch {torch.get_num_threads()} threads (OMP_NUM_THREADS={threads})"]
+    if missing:
+        lines.append(f"lit-agentrl: not here, so their tests skip: {'; '.join(missing)}")
+    return lines
+
+
 @pytest.fixture(autouse=True)
 def _no_wandb_run_left_open():
     """A wandb run a test leaves open would be reused by the next WandbLogger in this process (wandb attaches to

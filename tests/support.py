@@ -34,6 +34,18 @@ SGLANG_CPU = {
 }
 
 
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block with ``count`` torch threads: CPU matmuls round differently with another count, so a bit-for-bit
+    comparison fixes it on every side (the engine process takes ``threads=`` for its own)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def require_sglang() -> None:
     """Skip without SGLang, except where LIT_AGENTRL_REQUIRE_SGLANG=1 (CI's SGLang run): there, fail."""
     import importlib.util

@@ -196,6 +196,8 @@ class TransformersEngine(RolloutEngine):
         self._tokenizer_lock = threading.Lock()  # requests are tokenized on the caller's thread, decoded on ours
         # Model compute so far (prefills, decode steps, sampling), for the step breakdown.
         self.busy_seconds: float = 0.0
+        self.sampled_tokens = 0  # tokens sampled so far over every request (see wait_for_sampled_tokens)
+        self._progress = threading.Condition()
         self._waiting: queue.Queue[_Request | None] = queue.Queue()
         self._step_lock = threading.Lock()  # held for each model step and for each weight update
         self._paused = False  # a weight update is in progress: no model step starts (begin/end_weight_update)
@@ -284,6 +286,13 @@ class TransformersEngine(RolloutEngine):
             self._paused = False
             self._pause.notify_all()
 
+    def wait_for_sampled_tokens(self, count: int, timeout: float | None = None) -> bool:
+        """Block until the engine has sampled ``count`` tokens in all since it started (False: timed out, or shut
+        down first): something to act on while requests are decoding is an event, never a sleep."""
+        with self._progress:
+            self._progress.wait_for(lambda: self.sampled_tokens >= count or self._stopped, timeout)
+            return self.sampled_tokens >= count
+
     def get_weights_by_name(self, name: str) -> torch.Tensor:
         """A copy of one weight, by its state-dict name (SGLang offers the same for tests)."""
         with self._step_lock:
@@ -318,6 +327,8 @@ class TransformersEngine(RolloutEngine):
             return
         self._stopped = True
         self.end_weight_update()
+        with self._progress:
+            self._progress.notify_all()
         self._waiting.put(None)
         self._thread.join(timeout=30)
 
@@ -522,7 +533,8 @@ class TransformersEngine(RolloutEngine):
         try:
             item = self._waiting.get(block=block)
             while True:
-                if item is None:
+                if item is None:  # shut down; put back, so that every later drain sees it too (one in _admit may
+                    self._waiting.put(None)  # take it first, and the loop's next, blocking drain must not wait)
                     return False
                 pending.append(item)
                 if block and deadline is None:
@@ -649,6 +661,9 @@ class TransformersEngine(RolloutEngine):
             reason = self._finish_reason(request, token)
             if reason is not None:
                 finished.append((row, request, reason))
+        with self._progress:
+            self.sampled_tokens += len(requests)
+            self._progress.notify_all()
         if not finished:
             return 0
         if self.prefix_cache is not None:  # every token fed so far: the prompt and all but the last output

@@ -56,6 +56,9 @@ _CALLS = (
 )
 """The engine methods the parent may call in the engine process (besides generation, the weight version's setter
 and shutdown)."""
+_WAITS = ("wait_for_sampled_tokens",)
+"""Engine methods that block until something happens: answered from a thread of their own, so that the process
+keeps taking messages meanwhile."""
 
 
 @register_engine("transformers_process")
@@ -97,6 +100,7 @@ class ProcessEngine(RolloutEngine):
         self._weight_version = 0
         self._requests_submitted = 0  # untagged requests' streams, as the in-process engine counts them
         self._busy_seconds = 0.0
+        self._sampled_tokens = 0
         self._pending: dict[int, concurrent.futures.Future] = {}
         self._pending_lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -121,6 +125,11 @@ class ProcessEngine(RolloutEngine):
     def busy_seconds(self) -> float:  # type: ignore[override]
         """The engine process's model compute so far, as of its last answer."""
         return self._busy_seconds
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Tokens the engine process has sampled in all, as of its last answer."""
+        return self._sampled_tokens
 
     @property
     def weight_version(self) -> int:
@@ -165,6 +174,10 @@ class ProcessEngine(RolloutEngine):
 
     def flush_cache(self) -> bool:
         return bool(self._call("flush_cache"))
+
+    def wait_for_sampled_tokens(self, count: int, timeout: float | None = None) -> bool:
+        """Block until the engine process has sampled ``count`` tokens in all (False: timed out, or shut down)."""
+        return bool(self._call("wait_for_sampled_tokens", count, timeout))
 
     def get_weights_by_name(self, name: str) -> torch.Tensor:
         """A copy of one of the engine process's weights (for tests)."""
@@ -277,11 +290,11 @@ class ProcessEngine(RolloutEngine):
     def _read_answers(self) -> None:
         while True:
             try:
-                request_id, ok, value, busy = self._connection.recv()
+                request_id, ok, value, busy, sampled = self._connection.recv()
             except (EOFError, OSError):
                 self._fail_all(f"the engine process died{self._exit_note()}")
                 return
-            self._busy_seconds = busy
+            self._busy_seconds, self._sampled_tokens = busy, sampled
             with self._pending_lock:
                 future = self._pending.pop(request_id, None)
             if future is None or future.done():  # cancelled by its caller (a trajectory's timeout)
@@ -323,9 +336,11 @@ def serve(connection: Connection, model_path: str, threads: int, engine_args: di
 
     def reply(request_id: int, ok: bool, value: Any) -> None:
         with send_lock:
-            connection.send((request_id, ok, value if ok else _picklable(value), engine.busy_seconds))
+            connection.send(
+                (request_id, ok, value if ok else _picklable(value), engine.busy_seconds, engine.sampled_tokens)
+            )
 
-    calls: dict[str, Callable[..., Any]] = {name: getattr(engine, name) for name in _CALLS}
+    calls: dict[str, Callable[..., Any]] = {name: getattr(engine, name) for name in _CALLS + _WAITS}
     calls["set_weight_version"] = lambda version: setattr(engine, "weight_version", version)
     while True:
         try:
@@ -340,6 +355,9 @@ def serve(connection: Connection, model_path: str, threads: int, engine_args: di
             if op == "generate":
                 future = engine.submit_with_stream(*payload)
                 future.add_done_callback(functools.partial(_reply_with, reply, request_id))
+            elif op in _WAITS:
+                args = (reply, request_id, calls[op], payload)
+                threading.Thread(target=_answer_when_done, args=args, name=op, daemon=True).start()
             elif op in calls:
                 reply(request_id, True, calls[op](*payload))
             else:
@@ -352,6 +370,17 @@ def serve(connection: Connection, model_path: str, threads: int, engine_args: di
 def _reply_with(reply: Callable[[int, bool, Any], None], request_id: int, future: concurrent.futures.Future) -> None:
     error = future.exception()
     reply(request_id, error is None, future.result() if error is None else error)
+
+
+def _answer_when_done(
+    reply: Callable[[int, bool, Any], None], request_id: int, call: Callable[..., Any], args: tuple[Any, ...]
+) -> None:
+    try:
+        value = call(*args)
+    except Exception as exc:
+        reply(request_id, False, exc)
+        return
+    reply(request_id, True, value)
 
 
 def _picklable(exc: BaseException) -> BaseException:

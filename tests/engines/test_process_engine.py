@@ -11,6 +11,7 @@ import signal
 
 import pytest
 import torch
+from support import torch_threads
 
 from lit_agentrl.engines.admission import ROLLOUT_TRAJECTORY, AdmissionGate, TrajectoryTag
 from lit_agentrl.engines.base import output_logprobs
@@ -20,6 +21,7 @@ from lit_agentrl.errors import UserInputError
 
 SAMPLED = {"temperature": 1.0, "max_new_tokens": 12, "ignore_eos": True}
 LONG = {"temperature": 1.0, "max_new_tokens": 400, "ignore_eos": True}
+EVENT_TIMEOUT_S = 120.0  # how long a test waits for the engine to reach a token count: a hang, not a slow machine
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +47,18 @@ async def tagged_rollout(engine, keys, seed):
     return [await asyncio.create_task(trajectory(k)) for k in keys]
 
 
+async def wait_for_tokens(engine: ProcessEngine, count: int) -> None:
+    """Until the engine has sampled ``count`` tokens in all: the request under test is then decoding."""
+    assert await asyncio.to_thread(engine.wait_for_sampled_tokens, count, EVENT_TIMEOUT_S)
+
+
 def test_samples_what_the_in_process_engine_samples(process_engine, tiny_model_dir):
     local = TransformersEngine(str(tiny_model_dir), seed=3)
     try:
         keys = [(0, 0), (0, 1), (1, 0)]
         ours = asyncio.run(tagged_rollout(process_engine, keys, seed=11))
-        theirs = asyncio.run(tagged_rollout(local, keys, seed=11))
+        with torch_threads(1):  # the engine process's count: the bits of a matmul depend on it
+            theirs = asyncio.run(tagged_rollout(local, keys, seed=11))
         assert [o[:3] for o in ours] == [t[:3] for t in theirs]
         assert all(o[3] == (0, 0) for o in ours)  # the engine's weight version reached the trajectories
         # Untagged requests: the n-th since a reseed samples from (seed, n) in both.
@@ -58,7 +66,8 @@ def test_samples_what_the_in_process_engine_samples(process_engine, tiny_model_d
         local.reseed(5)
         params = {**SAMPLED, "n": 2}
         ours_untagged = asyncio.run(process_engine.async_generate(input_ids=[4, 5], sampling_params=params))
-        theirs_untagged = asyncio.run(local.async_generate(input_ids=[4, 5], sampling_params=params))
+        with torch_threads(1):
+            theirs_untagged = asyncio.run(local.async_generate(input_ids=[4, 5], sampling_params=params))
         assert [r["output_ids"] for r in ours_untagged] == [r["output_ids"] for r in theirs_untagged]
     finally:
         local.shutdown()
@@ -66,11 +75,13 @@ def test_samples_what_the_in_process_engine_samples(process_engine, tiny_model_d
 
 def test_a_weight_update_lands_between_steps_of_running_requests(process_engine, policy_model):
     async def update_while_generating():
+        before = process_engine.sampled_tokens  # exact: no request is running
         running = asyncio.ensure_future(
             process_engine.async_generate(input_ids=[5, 6, 7], sampling_params=LONG, return_logprob=True)
         )
-        await asyncio.sleep(0.3)  # decoding
+        await wait_for_tokens(process_engine, before + 10)  # its first 10 tokens, on the old weights
         process_engine.begin_weight_update()
+        assert not running.done()
         scaled = [(n, p.detach() * 1.01) for n, p in policy_model.named_parameters()]
         ok, message = process_engine.update_weights_from_tensor(scaled, flush_cache=False)
         process_engine.weight_version = 1
@@ -96,7 +107,7 @@ def test_a_dead_engine_process_fails_the_requests_in_flight_and_every_later_call
 
     async def killed_mid_request():
         running = asyncio.ensure_future(engine.async_generate(input_ids=[5, 6], sampling_params=LONG))
-        await asyncio.sleep(0.3)
+        await wait_for_tokens(engine, 1)
         os.kill(engine._process.pid, signal.SIGKILL)
         return await running
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import threading
 
 import pytest
 import torch
@@ -220,6 +222,20 @@ def test_shutdown_refuses_new_requests(tiny_model_dir):
     engine.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         engine.generate(input_ids=[1], sampling_params={})
+
+
+def test_once_shut_down_every_drain_of_the_queue_stops_even_after_another_drain_took_the_signal(tiny_model_dir):
+    """Deterministic admission drains the queue without blocking while it admits; if that drain takes shutdown's
+    signal, the scheduler's next, blocking drain must still stop (it waited forever, and shutdown 30 s)."""
+    engine = TransformersEngine(str(tiny_model_dir))
+    engine.shutdown()
+    engine._waiting.put(None)  # as shutdown leaves it for a scheduler that has not yet drained
+    assert engine._drain_queue(collections.deque(), block=False) is False  # admission's drain takes it
+    results: list[bool] = []
+    drain = threading.Thread(target=lambda: results.append(engine._drain_queue(collections.deque(), True)), daemon=True)
+    drain.start()
+    drain.join(timeout=60)
+    assert results == [False]  # the scheduler's blocking drain sees it too (and does not block)
 
 
 def test_samples_do_not_depend_on_batch_company_and_reseed_replays(engine):

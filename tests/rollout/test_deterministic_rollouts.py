@@ -83,7 +83,11 @@ def test_a_hanging_trajectory_holds_the_others_until_the_timeout_and_the_rollout
     manager = RolloutManager([deterministic_engine], tokenizer, trajectory_timeout_s=2.0, check_template_drift=False)
     batch = manager.generate(rows, n_samples=1, sampling_params={"max_new_tokens": 2, "temperature": 1.0})
     manager.close()
-    assert [t.failure_reason for t in batch.trajectories] == ["timeout: trajectory exceeded 2.0s"] * 2
+    hanging, held = batch.trajectories
+    assert hanging.failure_reason == "timeout: trajectory exceeded 2.0s"
+    # The other was held until the hang's timeout (alone it takes ~0.05 s): it timed out too, or, when it started a
+    # moment later than the hanging one (a loaded machine), finished in the moment its own timeout left it.
+    assert held.failure_reason == hanging.failure_reason or (not held.failed and held.seconds > 1.0)
 
 
 def test_the_gate_is_quiescent_when_every_running_trajectory_waits_and_hands_slots_on_in_key_order():

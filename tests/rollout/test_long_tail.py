@@ -4,7 +4,7 @@ step (``lit_agentrl.rollout.tail``, ``RolloutCallback.ready_fraction``)."""
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 
 from support import ScriptedEngine
 
@@ -13,16 +13,22 @@ from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.rollout.tail import take_ready
 
 PARAMS = {"max_new_tokens": 4, "temperature": 1.0}
+RELEASE = threading.Event()  # a held row's agent finishes once the test sets it
 
 
 @register("tail_test_agent")
 class SleepyAgent(AgentGraph):
-    """Sleeps for its row's ``delay`` (a slow tool), then answers with the row's ``tag`` as its reward."""
+    """Sleeps for its row's ``delay`` (a slow tool), or until the test sets :data:`RELEASE` if the row is ``held``,
+    then answers with the row's ``tag`` as its reward."""
 
     def build_graph(self) -> None: ...
 
-    async def run(self, messages, sampling_params, delay: float = 0.0, tag: float = 0.0, **kwargs) -> AgentGraphOutput:
+    async def run(
+        self, messages, sampling_params, delay: float = 0.0, tag: float = 0.0, held: bool = False, **kwargs
+    ) -> AgentGraphOutput:
         await asyncio.sleep(delay)
+        if held:
+            assert await asyncio.to_thread(RELEASE.wait, 120), "the test never released this row"
         return AgentGraphOutput(
             str_output="x",
             prompt_ids=[1, 2],
@@ -38,13 +44,14 @@ class BesideTrainer(ScriptedEngine):
     generates_beside_trainer = True
 
 
-def rows(delays: list[float], first_tag: int) -> list[dict]:
+def rows(delays: list[float], first_tag: int, held: int | None = None) -> list[dict]:
     return [
         {
             "agent_name": "tail_test_agent",
             "prompt": [{"role": "user", "content": f"q{first_tag + i}"}],
             "delay": d,
             "tag": float(first_tag + i),
+            "held": i == held,
         }
         for i, d in enumerate(delays)
     ]
@@ -53,10 +60,10 @@ def rows(delays: list[float], first_tag: int) -> list[dict]:
 def test_a_step_takes_its_finished_groups_and_the_next_step_gets_the_tail(tokenizer) -> None:
     manager = RolloutManager([BesideTrainer(None, tokenizer, [])], tokenizer, check_template_drift=False)
     try:
-        first = rows([0.0, 1.5, 0.0, 0.0], first_tag=0)
-        start = time.perf_counter()
+        RELEASE.clear()
+        first = rows([0.0, 0.0, 0.0, 0.0], first_tag=0, held=1)  # group 1 cannot finish before the step is taken
         step = take_ready(first, manager.submit_groups(first, 2, PARAMS), (0, 0), 0.5, None)
-        assert time.perf_counter() - start < 1.0  # the slow group did not hold the step
+        RELEASE.set()
         ready = [r["tag"] for r in step.rows]
         assert len(ready) >= 2 and set(ready) <= {0.0, 2.0, 3.0} and step.carried_in == 0  # half, never the slow one
         assert step.carried is not None and step.carried.key == (0, 0) and 1 in step.carried.groups

@@ -18,7 +18,7 @@ from lit_agentrl.rewards import register_reward
 from lit_agentrl.rollout.manager import RolloutManager
 
 DEADLINE_S = 10.0
-SLEEP_S = 0.2
+SLEEP_S = 0.5  # 1 s of slack below the 6 x SLEEP_S that counting waits would give
 SAMPLING = {"max_new_tokens": 16, "temperature": 1.0}
 
 

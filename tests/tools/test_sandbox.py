@@ -129,7 +129,7 @@ def test_sleeping_forever_hits_the_wall_limit():
     assert result.timed_out and "TimeoutError" in result.error and "2 seconds" in result.error
     assert result.stdout == "started\n"  # what was printed before the kill is kept
     assert took < 30, f"killed after {took:.1f}s, the code asked for 60s"
-    assert not sandbox_processes()
+    assert no_sandbox_processes_within(5)  # the namespace's inner processes die a moment after the outer one
 
 
 def test_fork_bomb_is_refused_and_leaves_no_process(sandbox):
@@ -270,7 +270,8 @@ def max_overlap(spans: list[tuple[float, float]]) -> int:
 
 
 def test_arun_runs_concurrently_without_blocking_the_loop(sandbox):
-    snippet = "import time\nstart = time.time()\ntime.sleep(1.5)\nprint({}, start, time.time())"
+    # 4 s each: on a loaded 2-core machine, starting 8 sandboxes (two interpreters each) can take a few seconds
+    snippet = "import time\nstart = time.time()\ntime.sleep(4)\nprint({}, start, time.time())"
 
     async def main():
         gaps: list[float] = []
@@ -295,10 +296,10 @@ def test_arun_runs_concurrently_without_blocking_the_loop(sandbox):
     results, worst_gap, nested = asyncio.run(main())
     printed = [r.stdout.split() for r in results]
     assert [p[0] for p in printed] == [str(i) for i in range(8)], [r.error for r in results]
-    # Serial runs would never overlap; these start within a second or so of each other even on a busy machine.
+    # Serial runs would never overlap; these start within a few seconds of each other even on a busy machine.
     overlap = max_overlap([(float(p[1]), float(p[2])) for p in printed])
     assert overlap >= 4, f"at most {overlap} of 8 sleeping snippets ran at once"
-    assert worst_gap < 0.75, f"the event loop was blocked for {worst_gap:.2f}s (a blocking run: 1.5s or more)"
+    assert worst_gap < 2.0, f"the event loop was blocked for {worst_gap:.2f}s (a blocking run: 4s or more)"
     assert nested.stdout == "nested\n"
 
 

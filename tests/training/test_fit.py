@@ -144,7 +144,9 @@ def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quick
             },
             *extra,
         ]
-        config = quick_config(folder, quickstart_model_dir, steps, callbacks, n_samples=8)
+        # Admission by arrival would batch requests by timing, and batch shapes decide the log-probs' bits.
+        deterministic = {"deterministic": True}
+        config = quick_config(folder, quickstart_model_dir, steps, callbacks, n_samples=8, engine_kwargs=deterministic)
         settings = yaml.safe_load(config.read_text())
         settings["data"]["dynamic_sampling"] = dynamic_sampling
         # An entropy bonus gives every step a gradient, whatever its rewards: a tiny random model may earn none in
