@@ -7,10 +7,10 @@ sandboxes and search tools behave, and the same for the same (trajectory, turn) 
 capped at 2 s (median ~36 ms, about 1 call in 100 over 1 s). (a) the rollout manager runs every trajectory as its own LangGraph task;
 (b) the lockstep baseline runs each turn for the whole batch together and waits for the batch's slowest
 tool before the next turn, as batch-synchronous trainers do; (c) the generation side of
-``RolloutCallback(mode: async, max_staleness: 2, partial_rollouts: true)``: consecutive steps' rollouts through the
-manager's background thread, ``--depth`` in flight at once (two by default, as ``max_staleness: 2`` keeps them), so
+``RolloutCallback(async_rollouts: {ahead: 2, partial: true})``: consecutive steps' rollouts through the
+manager's background thread, ``--depth`` in flight at once (two by default, as ``ahead: 2`` keeps them), so
 one rollout's slow tail overlaps the next one's start (seconds per rollout over ``--pipeline`` rollouts);
-(d) ``ready_fraction: 0.5`` on top (``max_staleness: 2``): each step takes its groups once half have finished and
+(d) ``ready_fraction: 0.5`` on top (``ahead: 1``): each step takes its groups once half have finished and
 carries the rest to the next step, the next step's rollout one step ahead (seconds per step). Same engine, same
 chat model, same prompts. ``--engine transformers_process`` runs the engine in a process of its own (one with
 ``--threads`` torch threads), so the agents' Python does not share its interpreter lock; ``--device cuda`` runs it on
@@ -129,7 +129,7 @@ def pipelined(manager: RolloutManager, rows: list[dict], n: int, rollouts: int, 
 def tail_carried(manager: RolloutManager, rows: list[dict], n: int, rollouts: int, fraction: float = 0.5) -> float:
     """Seconds per step over ``rollouts`` consecutive steps that take their finished groups once ``fraction`` of them
     have finished and carry the rest to the next step, with the next step's rollout started one step ahead
-    (``partial_rollouts: true, max_staleness: 2, ready_fraction: 0.5``); the last step's tail is waited for too."""
+    (``async_rollouts: {ahead: 1, partial: true, ready_fraction: 0.5}``); the last step's tail is waited for too."""
     start, carried = time.perf_counter(), None
     coming = manager.submit_groups(rows, n, PARAMS, seed=0)
     for index in range(rollouts):
@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--latency", choices=["pareto", "bimodal"], default="pareto")
     parser.add_argument("--pipeline", type=int, default=4, help="consecutive rollouts of the async side")
     parser.add_argument(
-        "--depth", type=int, default=2, help="rollouts in flight on the async side (max_staleness: DEPTH)"
+        "--depth", type=int, default=2, help="rollouts in flight on the async side (async_rollouts.ahead: DEPTH)"
     )
     parser.add_argument("--engine", choices=["transformers", "transformers_process"], default="transformers")
     parser.add_argument(

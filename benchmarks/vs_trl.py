@@ -23,7 +23,7 @@ the rest: agents, rewards, scheduling), forward (log-probs and loss), backward, 
 other (the wall time left over) as a fraction of the step.
 
 Our sides: ``ours`` (sync, the engine's old log-probs), ``ours_trainer`` (sync, the trainer's: the loss the async
-sides train), ``ours_async`` (``mode: async, max_staleness: 1``, the engine on a thread of the trainer's process) and
+sides train), ``ours_async`` (``async_rollouts: {ahead: 1}``, the engine on a thread of the trainer's process) and
 ``ours_async_process`` (the same with ``engine: transformers_process``: the engine in a process of its own, one torch
 thread there, so generation overlaps training without sharing the trainer's interpreter lock; it is the one side
 that uses a second core). ``--sides`` picks a subset.
@@ -116,7 +116,7 @@ def run_ours(
     model_dir: Path, work: Path, scenario: str, steps: int, lr: float, seed: int, clock: Path, side: str
 ) -> Path:
     """The config of one of our sides: ``ours`` (sync, the engine's old log-probs), ``ours_trainer`` (the trainer's),
-    ``ours_async`` (one step ahead, ``max_staleness: 1``, with the off-policy correction it needs) or
+    ``ours_async`` (one step ahead, ``async_rollouts: {ahead: 1}``, with the off-policy correction it needs) or
     ``ours_async_process`` (the same with the engine in a process of its own, ``engine: transformers_process``)."""
     asynchronous = side in ("ours_async", "ours_async_process")
     import yaml
@@ -162,8 +162,7 @@ def run_ours(
                         "n_samples": N_SAMPLES,
                         "sampling_params": sampling,
                         "check_template_drift": False,
-                        "mode": "async" if asynchronous else "sync",
-                        "max_staleness": 1,
+                        "async_rollouts": {"ahead": 1} if asynchronous else None,
                         **(ENGINE_PROCESS if side == "ours_async_process" else {}),
                     },
                 },
@@ -343,7 +342,7 @@ def main() -> None:
         else [sys.executable, "-c", "from lit_agentrl.cli import main; main()"]
     )
     # "ours_trainer": ours with model.old_logprobs: trainer (from the update's own forward: one mini-batch);
-    # "ours_async": the next step's rollout while this one trains (RolloutCallback mode: async, max_staleness: 1);
+    # "ours_async": the next step's rollout while this one trains (RolloutCallback async_rollouts: {ahead: 1});
     # "ours_async_process": the same with the engine in a process of its own (engine: transformers_process).
     ours_sides = ("ours", "ours_trainer", "ours_async", "ours_async_process")
     sides = (*ours_sides, "floor") if args.no_trl else (*ours_sides, "trl", "floor")
@@ -449,7 +448,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
             print(f"{scenario:<9} engine {ours:>6.2f}  trainer {trainer:>6.2f}  trainer/engine {trainer / ours:>5.2f}")
     if ran("ours_trainer") and (ran("ours_async") or ran("ours_async_process")):
         print(
-            "\nasync (median s/step): the next step's rollout while this one trains (mode: async, max_staleness: 1, "
+            "\nasync (median s/step): the next step's rollout while this one trains (async_rollouts: {ahead: 1}, "
             "with the trainer's old log-probs and TIS), against sync with the same loss, sync with the engine's "
             "old log-probs and TRL"
         )

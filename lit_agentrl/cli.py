@@ -25,6 +25,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
 # The package: `class_path: RolloutCallback` resolves by name.
 from lit_agentrl.callbacks import StepProgressBar, TrajectoryLog
+from lit_agentrl.config.renamed import refuse_renamed_keys
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.module import GRPOModule
@@ -292,6 +293,7 @@ def main(args: list[str] | None = None) -> None:
             from lit_agentrl.viewer.cli import view_main
 
             raise SystemExit(view_main(argv[1:]))
+        refuse_renamed_keys(argv)
         build_cli(args)
     except Exception as exc:
         error = find_user_error(exc)

@@ -120,7 +120,7 @@ class GRPOModule(L.LightningModule):
             penalty); see :class:`~lit_agentrl.batching.Overlong`.
         val_pass_k: the k of the validation's ``pass@k``, ``maj@k`` and ``mean@k`` (logged per ``data_source`` and
             written as a table, see :mod:`lit_agentrl.evaluation`); default ``[1]``; each at most
-            ``RolloutCallback.val_n_samples``.
+            ``RolloutCallback.val_n_samples`` (checked by the callback at setup).
     """
 
     def __init__(
@@ -455,9 +455,6 @@ class GRPOModule(L.LightningModule):
         self.log("val/reward_mean", self.val_reward, on_epoch=True, batch_size=len(rewards))
         self.val_eval.update(batch.rows, batch.rollout.trajectories, self._default_reward())
 
-    def setup(self, stage: str) -> None:
-        self._check_val_pass_k()
-
     def on_validation_start(self) -> None:
         self.val_eval.reset()
 
@@ -482,18 +479,6 @@ class GRPOModule(L.LightningModule):
             print(f"{result.markdown()}\n(table: {path})")
         else:  # fit: one line, the metrics are in the logs
             rank_zero_info(f"validation at step {trainer.global_step}: table {path}")
-
-    def _check_val_pass_k(self) -> None:
-        from lit_agentrl.callbacks.rollout import RolloutCallback  # here: that module imports this one
-
-        callbacks = getattr(self.trainer, "callbacks", [])  # set by the Trainer's connector (unseen by mypy)
-        n = next((c.val_n_samples for c in callbacks if isinstance(c, RolloutCallback)), None)
-        if n is not None and max(self.val_pass_k) > n:
-            raise UserInputError(
-                f"model.val_pass_k={self.val_pass_k} needs k <= RolloutCallback.val_n_samples={n} (the samples per "
-                "validation prompt)",
-                hint=f"set val_n_samples >= {max(self.val_pass_k)} or drop the larger k from model.val_pass_k",
-            )
 
     def _default_reward(self) -> str | None:
         """The data module's default reward name (how answers of rows without a known data_source are read)."""

@@ -21,7 +21,7 @@ read), then models what the code does *today*:
   (``torch.cuda.empty_cache()``), so only the sharded states stay; otherwise the memory reserved at the training
   peak stays reserved beside SGLang's (``PlanInputs.trainer_cache_released``). With ``offload_trainer`` (on by
   default in colocated mode) the sharded parameters and AdamW states leave the GPU while SGLang generates
-  (``lit_agentrl.callbacks.colocation``): the AdamW states before the weight sync, the parameters after it.
+  (``lit_agentrl.rollout.colocation``): the AdamW states before the weight sync, the parameters after it.
 * Host memory at load: under FSDP2 (more than one rank) rank 0 alone reads one fp32 copy on the CPU and broadcasts
   it, each rank keeping its shards (``lit_agentrl.loading``); one process loads each model whole (twice with a
   reference).

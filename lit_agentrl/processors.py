@@ -1,4 +1,6 @@
-"""A vision-language policy's processor, its images, and its M-RoPE positions.
+"""The policy's tokenizer and, for a vision-language policy, its processor, its images, and its M-RoPE positions.
+
+:func:`load_tokenizer` and :func:`load_policy_processor` load them with errors naming ``model.model_path``.
 
 :func:`load_processor` loads what ``AutoProcessor`` would: for Qwen2.5-VL the chat template, the tokenizer and the
 image processor. transformers' Qwen2.5-VL processor always builds a video processor, which needs torchvision; where
@@ -101,6 +103,28 @@ def expand_image_pads(text: str, grids: Sequence[Sequence[int]], merge_size: int
     for grid, rest in zip(grids, parts[1:]):
         out.append(image_token * (int(grid[0]) * int(grid[1]) * int(grid[2]) // merge_size**2) + rest)
     return "".join(out)
+
+
+def load_tokenizer(model_path: str) -> Any:
+    """The policy's tokenizer from ``model_path``, with an error naming the path when there is none."""
+    from transformers import AutoTokenizer
+
+    from lit_agentrl.errors import UserInputError
+
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError) as exc:
+        raise UserInputError(f"model.model_path={model_path!r}: no loadable tokenizer there ({exc})") from exc
+
+
+def load_policy_processor(model_path: str) -> Any:
+    """A vision-language policy's processor (None for a text policy), with an error naming the path."""
+    from lit_agentrl.errors import UserInputError
+
+    try:
+        return load_processor(model_path)
+    except (OSError, ValueError) as exc:
+        raise UserInputError(f"model.model_path={model_path!r}: no loadable image processor there ({exc})") from exc
 
 
 def load_processor(model_path: str) -> Any:

@@ -68,3 +68,25 @@ def test_a_parse_error_is_short(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert 'Parser key "model.lr"' in err and len(err.splitlines()) <= 6, err
+
+
+def test_a_renamed_key_is_refused_naming_its_replacement(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("LIT_AGENTRL_TRACEBACK", raising=False)
+    config = tmp_path / "old.yaml"
+    config.write_text(
+        "trainer:\n  callbacks:\n    - class_path: lit_agentrl.callbacks.RolloutCallback\n"
+        "      init_args: {mode: async, max_staleness: 1}\n"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", QUICKSTART, "--config", str(config)])
+    assert exit_info.value.code == EXIT_USER_ERROR
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"lit-agentrl: error: {config}: RolloutCallback.mode has been replaced"
+    assert err[1].startswith("hint: use RolloutCallback.async_rollouts: null (sync) or {ahead: 1}")
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", QUICKSTART, "--model.normalize_advantage_std", "false"])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].endswith(
+        "the option --model.normalize_advantage_std: model.normalize_advantage_std has been replaced"
+    )
+    assert err[1].startswith("hint: use model.advantage_std: sample, population")

@@ -149,10 +149,10 @@ def test_callback_imports_engine_modules_and_builds_the_named_engine(quickstart_
     trainer, pl_module = fake_run(quickstart_model_dir)
     callback.setup(trainer, pl_module, "fit")
     try:
-        assert len(callback.engines) == 1 and isinstance(callback.engines[0], RecordingEngine)
-        assert (
-            callback.engines[0].kwargs == {"max_running_requests": 4} and callback.manager.engines == callback.engines
-        )
+        assert callback.fleet is not None and callback.loop is not None
+        (engine,) = callback.fleet.engines
+        assert isinstance(engine, RecordingEngine) and engine.kwargs == {"max_running_requests": 4}
+        assert callback.loop.manager.engines == [engine]
     finally:
         callback.teardown(trainer, pl_module, "fit")
 
@@ -178,7 +178,7 @@ def test_callback_loads_an_engine_module_by_path(quickstart_model_dir, tmp_path)
     trainer, pl_module = fake_run(quickstart_model_dir)
     callback.setup(trainer, pl_module, "fit")
     try:
-        assert type(callback.engines[0]).__name__ == "PathEngine"
+        assert callback.fleet is not None and type(callback.fleet.engines[0]).__name__ == "PathEngine"
     finally:
         callback.teardown(trainer, pl_module, "fit")
         sys.modules.pop("path_engines_for_test", None)

@@ -15,7 +15,7 @@ import lightning as L
 import pytest
 
 from lit_agentrl.callbacks import RolloutCallback
-from lit_agentrl.callbacks.rollout import engine_placement
+from lit_agentrl.callbacks.ranks import engine_placement
 from lit_agentrl.engines import build_engines, register_engine
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.engines.placement import EnginePlacement
@@ -335,7 +335,8 @@ def test_callback_builds_a_group_client_for_a_shared_tp_engine(quickstart_model_
     trainer, pl_module = fake_trainer(), GRPOModule(str(quickstart_model_dir))
     callback.setup(trainer, pl_module, "fit")  # rank 3 of 8: the second rank of the group that rank 2 starts
     try:
-        (engine,) = callback.engines
+        assert callback.fleet is not None
+        (engine,) = callback.fleet.engines
         assert (engine.url, engine.owner, group_servers) == ("http://127.0.0.1:30001", False, [])
     finally:
         callback.teardown(trainer, pl_module, "fit")

@@ -199,9 +199,7 @@ def test_a_chat_model_called_without_sampling_params_uses_the_runs_never_the_eng
 
 
 def test_failed_trajectories_are_reported_every_step_with_each_reasons_traceback_once(engine, tokenizer, caplog):
-    from types import SimpleNamespace
-
-    from lit_agentrl.callbacks import RolloutCallback
+    from lit_agentrl.rollout.health import RolloutHealth
 
     rows = [{**math_rows(1)[0], "agent_name": "test_raising_agent"}]
     manager = RolloutManager([engine], tokenizer, reward_fn="math")
@@ -211,27 +209,24 @@ def test_failed_trajectories_are_reported_every_step_with_each_reasons_traceback
     assert all(t.failed for t in batch.trajectories)
     assert "RuntimeError: agent exploded" in failed.failure_traceback
     assert failed.failure_traceback.rstrip().endswith(f"{__file__}:{RaisingAgent.run.__code__.co_firstlineno + 1}")
-    trainer = SimpleNamespace(is_global_zero=True, global_step=7)
     metrics = {"rollout/failed": 2.0, "rollout/trajectories": 2.0}
-    callback = RolloutCallback()
-    with caplog.at_level("WARNING", logger="lit_agentrl.callbacks.rollout"):
-        callback._report_failures(trainer, batch.trajectories, metrics)  # type: ignore[arg-type]
+    health = RolloutHealth()
+    with caplog.at_level("WARNING", logger="lit_agentrl.rollout.health"):
+        health.report_failures(7, batch.trajectories, metrics)
     assert "step 7: 2 of 2 trajectories failed (left out of the loss): 2 x RuntimeError: agent exploded" in caplog.text
     assert "first traceback of 'RuntimeError: agent exploded':" in caplog.text
     assert "in agent 'test_raising_agent'" in caplog.text
     # The same reason at a later step: counted again, its traceback not repeated but pointed to.
     caplog.clear()
-    trainer.global_step = 8
-    with caplog.at_level("WARNING", logger="lit_agentrl.callbacks.rollout"):
-        callback._report_failures(trainer, batch.trajectories, metrics)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="lit_agentrl.rollout.health"):
+        health.report_failures(8, batch.trajectories, metrics)
     assert "step 8: 2 of 2 trajectories failed (left out of the loss): 2 x RuntimeError: agent exploded" in caplog.text
     assert "their tracebacks are in the report of step 7" in caplog.text and "Traceback" not in caplog.text
     # A new reason beside it gets its own traceback.
     caplog.clear()
-    trainer.global_step = 9
     other = dataclasses.replace(failed, failure_reason="ValueError: new", failure_traceback="Traceback: the new one")
-    with caplog.at_level("WARNING", logger="lit_agentrl.callbacks.rollout"):
-        callback._report_failures(trainer, [failed, other], metrics)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="lit_agentrl.rollout.health"):
+        health.report_failures(9, [failed, other], metrics)
     assert "1 x RuntimeError: agent exploded; 1 x ValueError: new" in caplog.text
     assert "first traceback of 'ValueError: new':\nTraceback: the new one" in caplog.text
     assert "first traceback of 'RuntimeError" not in caplog.text

@@ -1,4 +1,4 @@
-"""RolloutCallback(mode="async"): rollouts of the next steps while this one trains, with bounded staleness."""
+"""RolloutCallback(async_rollouts=...): rollouts of the next steps while this one trains, with bounded staleness."""
 
 from __future__ import annotations
 
@@ -18,14 +18,19 @@ from transformers import AutoModelForCausalLM
 from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.cli import main
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.rollout.loop import RolloutLoop
+from lit_agentrl.rollout.manager import RolloutManager
+from lit_agentrl.rollout.schedule import AsyncRollouts
+from lit_agentrl.rollout.seeds import RolloutSeeds
 
 STEPS = 5
 TRAINING = REPO_ROOT / "tests" / "training"
 CORRECTED = {"old_logprobs": "trainer", "rollout_correction": "tis"}
 
 
-def async_config(folder, model_dir, *, mode="async", model=None, steps=STEPS, **rollout):
-    """The quickstart's shape with the rollout callback in ``mode``, the final weights exported to ``folder/hf``."""
+def async_config(folder, model_dir, *, schedule=None, model=None, steps=STEPS, **rollout):
+    """The quickstart's shape with the rollout callback's ``async_rollouts: schedule`` (None: sync), the final weights
+    exported to ``folder/hf``."""
     folder.mkdir(parents=True, exist_ok=True)
     export = {
         "class_path": "lit_agentrl.callbacks.export.HFExportCallback",
@@ -34,7 +39,7 @@ def async_config(folder, model_dir, *, mode="async", model=None, steps=STEPS, **
     record = {"class_path": "probes.PromptRecorder", "init_args": {"path": str(folder / "prompts.jsonl")}}
     path = quick_config(folder, model_dir, steps, [export, record], engine_kwargs={"deterministic": True})
     config = yaml.safe_load(path.read_text())
-    config["trainer"]["callbacks"][0]["init_args"].update(mode=mode, **rollout)
+    config["trainer"]["callbacks"][0]["init_args"].update(async_rollouts=schedule, **rollout)
     config["model"].update(model or {})
     path.write_text(yaml.safe_dump(config))
     return path
@@ -54,9 +59,9 @@ def probes_importable(monkeypatch):
 
 
 @pytest.mark.slow
-def test_async_with_max_staleness_0_trains_exactly_what_sync_trains(tmp_path, quickstart_model_dir):
-    main(["fit", "--config", str(async_config(tmp_path / "sync", quickstart_model_dir, mode="sync"))])
-    config = async_config(tmp_path / "async", quickstart_model_dir, max_staleness=0)
+def test_async_with_nothing_ahead_trains_exactly_what_sync_trains(tmp_path, quickstart_model_dir):
+    main(["fit", "--config", str(async_config(tmp_path / "sync", quickstart_model_dir))])
+    config = async_config(tmp_path / "async", quickstart_model_dir, schedule={"ahead": 0})
     main(["fit", "--config", str(config)])
     a, b = final_weights(tmp_path / "sync"), final_weights(tmp_path / "async")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -67,7 +72,7 @@ def test_async_with_max_staleness_0_trains_exactly_what_sync_trains(tmp_path, qu
 
 @pytest.mark.slow
 def test_one_step_ahead_trains_on_one_update_old_trajectories(tmp_path, quickstart_model_dir):
-    config = async_config(tmp_path, quickstart_model_dir, max_staleness=1, model=CORRECTED)
+    config = async_config(tmp_path, quickstart_model_dir, schedule={"ahead": 1}, model=CORRECTED)
     main(["fit", "--config", str(config)])
     rows = step_rows(tmp_path)
     # Step 0's rollout could not start earlier; every later one ran during the step before, on weights one older.
@@ -88,8 +93,8 @@ def test_one_step_ahead_trains_on_one_update_old_trajectories(tmp_path, quicksta
     ids=["in-process", "engine-process"],
 )
 def test_partial_rollouts_generate_two_steps_ahead_within_the_staleness_bound(tmp_path, quickstart_model_dir, engine):
-    rollout = {"max_staleness": 2, "partial_rollouts": True, **engine}
-    config = async_config(tmp_path, quickstart_model_dir, model=CORRECTED, **rollout)
+    schedule = {"ahead": 2, "partial": True}
+    config = async_config(tmp_path, quickstart_model_dir, schedule=schedule, model=CORRECTED, **engine)
     main(["fit", "--config", str(config)])
     rows = step_rows(tmp_path)
     assert [float(r["rollout/staleness_max"]) for r in rows][:2] == [0.0, 1.0]
@@ -107,7 +112,7 @@ def test_sigkill_during_an_async_run_loses_and_repeats_no_prompt(tmp_path, quick
         return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     for name in ("straight", "crashed"):
-        async_config(tmp_path / name, quickstart_model_dir, max_staleness=1, model=CORRECTED, steps=6)
+        async_config(tmp_path / name, quickstart_model_dir, schedule={"ahead": 1}, model=CORRECTED, steps=6)
         config = yaml.safe_load((tmp_path / name / "config.yaml").read_text())
         config["trainer"]["callbacks"].append(
             {
@@ -156,8 +161,10 @@ def slow_tail_data(folder):
 @pytest.mark.slow
 def test_a_slow_tail_is_carried_to_the_next_step_and_across_a_resume(tmp_path, quickstart_model_dir):
     folder, steps = tmp_path / "run", 4
-    rollout = {"max_staleness": 1, "partial_rollouts": True, "ready_fraction": 0.5, "engine_kwargs": {}}
-    config_path = async_config(folder, quickstart_model_dir, model=CORRECTED, steps=steps, **rollout)
+    schedule = {"ahead": 0, "partial": True, "ready_fraction": 0.5}  # a carried group: one update old
+    config_path = async_config(
+        folder, quickstart_model_dir, schedule=schedule, model=CORRECTED, steps=steps, engine_kwargs={}
+    )
     config = yaml.safe_load(config_path.read_text())
     # Unshuffled, every step has two fast and two slow rows: it trains the fast ones and carries the slow ones.
     slow_tail = {"train_files": str(slow_tail_data(folder)), "agent_modules": [str(TRAINING / "slow_tail_agent.py")]}
@@ -194,41 +201,35 @@ def test_a_slow_tail_is_carried_to_the_next_step_and_across_a_resume(tmp_path, q
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
-        ({"mode": "later"}, "mode must be 'sync' or 'async'"),
-        ({"mode": "async", "max_staleness": -1}, "max_staleness must be >= 0"),
-        ({"partial_rollouts": True}, "partial_rollouts needs mode: async"),
-        ({"mode": "async", "colocate": True}, "cannot share the trainer's GPU memory"),
+        ({"ahead": -1}, "ahead must be >= 0"),
+        ({"ahead": 2}, "ahead=2 needs partial: true"),
         ({"ready_fraction": 0.0}, r"ready_fraction must be in \(0, 1\]"),
-        ({"mode": "async", "max_staleness": 1, "ready_fraction": 0.5}, "needs mode: async, partial_rollouts: true"),
-        ({"mode": "async", "partial_rollouts": True, "max_staleness": 0, "ready_fraction": 0.5}, "max_staleness >= 1"),
+        ({"ready_fraction": 0.5}, "ready_fraction=0.5 carries .* it needs partial: true"),
+        ({"ahead": 2, "partial": True, "max_staleness": 1}, r"below the staleness this schedule produces \(2"),
+        ({"ahead": 1, "partial": True, "ready_fraction": 0.5, "max_staleness": 1}, "plus one for carried groups"),
     ],
 )
-def test_impossible_async_settings_are_refused(kwargs, fragment):
+def test_impossible_schedules_are_refused(kwargs, fragment):
     with pytest.raises(UserInputError, match=fragment):
-        RolloutCallback(**kwargs)
+        AsyncRollouts(**kwargs)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "rollout, model, data, fragment",
-    [
-        ({"max_staleness": 1}, {}, {}, "needs the off-policy correction, model.rollout_correction"),
-        ({"max_staleness": 0}, {}, {"dynamic_sampling": True}, "does not combine with data.dynamic_sampling"),
-    ],
-)
-def test_async_refuses_at_setup_what_it_cannot_train_correctly(
-    tmp_path, quickstart_model_dir, capsys, rollout, model, data, fragment
-):
-    config = async_config(tmp_path, quickstart_model_dir, model=model, **rollout)
-    settings = yaml.safe_load(config.read_text())
-    settings["data"].update(data)
-    config.write_text(yaml.safe_dump(settings))
-    with pytest.raises(SystemExit):
-        main(["fit", "--config", str(config)])
-    assert fragment in capsys.readouterr().err
+def test_the_staleness_a_schedule_produces():
+    assert AsyncRollouts().staleness == 1 and AsyncRollouts(ahead=0).staleness == 0
+    assert AsyncRollouts(ahead=2, partial=True).staleness == 2
+    assert AsyncRollouts(ahead=1, partial=True, ready_fraction=0.5).staleness == 2  # a carried group: one more
+    assert AsyncRollouts(ahead=1, max_staleness=3).dropped_beyond == 3
 
 
-def test_a_checkpoints_carried_groups_are_not_dropped_silently():
-    callback = RolloutCallback()  # ready_fraction: 1.0 cannot train them
+def test_async_rollouts_cannot_share_the_trainers_gpu():
+    with pytest.raises(UserInputError, match="cannot share the trainer's GPU memory"):
+        RolloutCallback(async_rollouts=AsyncRollouts(), colocate=True)
+
+
+def test_a_checkpoints_carried_groups_are_not_dropped_silently(scripted_engine_factory, tokenizer):
+    manager = RolloutManager([scripted_engine_factory([])], tokenizer)
+    loop = RolloutLoop(manager, RolloutSeeds(0, 0), 2, {}, schedule=AsyncRollouts(ahead=1))  # carries no groups
     with pytest.warns(UserWarning, match=r"left 3 prompt group\(s\) running .* will not train them"):
-        callback.load_state_dict({"trained_steps": 2, "carried": {"epoch": 0, "index": 1, "groups": [[0, 2], [1]]}})
+        loop.load_state_dict({"trained_steps": 2, "carried": {"epoch": 0, "index": 1, "groups": [[0, 2], [1]]}})
+    assert loop.version == 2
+    loop.close()

@@ -1,4 +1,4 @@
-"""Colocated mode's memory cycle (lit_agentrl.callbacks.colocation): the order in which the trainer and the engine
+"""Colocated mode's memory cycle (lit_agentrl.rollout.colocation): the order in which the trainer and the engine
 hand the GPU to each other, and a whole colocated fit on CPU that trains exactly what a plain one trains."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from safetensors.torch import load_file
 from support import quick_config, read_csv
 
 from lit_agentrl.callbacks import RolloutCallback
-from lit_agentrl.callbacks.colocation import ColocatedCycle
 from lit_agentrl.cli import main
 from lit_agentrl.engines import RolloutEngine
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.rollout.colocation import ColocatedCycle
+from lit_agentrl.rollout.fleet import EngineFleet
 
 
 class RecordingEngine(RolloutEngine):
@@ -26,6 +26,7 @@ class RecordingEngine(RolloutEngine):
         raise NotImplementedError
 
     def update_weights_from_tensor(self, named_tensors: Any, load_format: Any = None, flush_cache: bool = True):
+        self.events.append("update weights")
         return True, ""
 
     def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
@@ -98,24 +99,19 @@ def test_every_window_after_a_release_pushes_the_weights_again():
     """SGLang drops released weights: a validation window right after a training rollout (no update in between)
     must still push them, and so must the first window after setup, where the engine is released at once."""
     events: list[str] = []
-    callback = RolloutCallback(colocate=True, offload_trainer=False)
-    callback.engines = [RecordingEngine(events)]
-
-    def sync(trainer: Any, pl_module: Any) -> None:
-        events.append("sync")
-        callback._needs_sync = False
-
-    callback._sync = sync  # type: ignore[method-assign]
-    module = GRPOModule("unused")
-    callback._prepare_engines(trainer=None, pl_module=module)  # type: ignore[arg-type]
-    assert events == ["resume weights", "sync", "resume kv_cache"]
-    callback._prepare_engines(trainer=None, pl_module=module)  # type: ignore[arg-type]  # the window is open
-    assert events.count("sync") == 1
-    assert callback.cycle is not None
-    callback.cycle.leave()
+    fleet = EngineFleet([RecordingEngine(events)], colocate=True)
+    assert events == ["release kv_cache,weights"]  # at once: the trainer loads on a free GPU
     events.clear()
-    callback._prepare_engines(trainer=None, pl_module=module)  # type: ignore[arg-type]
-    assert events == ["resume weights", "sync", "resume kv_cache"]
+    policy, cpu = torch.nn.Linear(2, 2), torch.device("cpu")
+    assert fleet.prepare(cpu, policy, version=0) is not None  # the first window pushes
+    assert events == ["resume weights", "update weights", "resume kv_cache"]
+    assert fleet.prepare(cpu, policy, version=0) is None  # the window is open and the weights current
+    assert events.count("update weights") == 1
+    fleet.close_window()
+    events.clear()
+    assert fleet.prepare(cpu, policy, version=0) is not None  # the policy did not change, but SGLang dropped it
+    assert events == ["resume weights", "update weights", "resume kv_cache"]
+    assert fleet.engines[0].weight_version == 0 and fleet.pushes == 2
 
 
 def test_offload_trainer_needs_colocate():

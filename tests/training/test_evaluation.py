@@ -17,6 +17,7 @@ import yaml
 from support import REPO_ROOT, free_port, quick_config, read_csv
 
 from lit_agentrl.callbacks import RolloutCallback
+from lit_agentrl.callbacks.rollout_checks import check_module
 from lit_agentrl.data import PromptBatchLoader
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.evaluation import PassAtK, extract_answer, extractor_name, maj_at_k, mean_at_k, merge, pass_at_k
@@ -217,11 +218,9 @@ def test_two_ranks_reduce_sums_not_means(tmp_path):
 
 def test_k_above_val_n_samples_is_refused():
     module = GRPOModule("unused", val_pass_k=[1, 4])
-    module._trainer = SimpleNamespace(callbacks=[RolloutCallback(val_n_samples=2)])
     with pytest.raises(UserInputError, match=r"model.val_pass_k=\[1, 4\].*RolloutCallback.val_n_samples=2"):
-        module.setup("validate")
-    module._trainer = SimpleNamespace(callbacks=[RolloutCallback(val_n_samples=4)])
-    module.setup("fit")
+        RolloutCallback(val_n_samples=2).setup(None, module, "validate")  # type: ignore[arg-type]  # before any engine
+    check_module(module, temperature=1.0, val_n_samples=4)
     with pytest.raises(UserInputError, match=r"model\.val_pass_k values must be >= 1"):
         GRPOModule("unused", val_pass_k=[0])
 

@@ -41,7 +41,7 @@ def test_fit_with_the_sglang_engine_syncs_weights_each_step(tmp_path, quickstart
 
 @pytest.mark.parametrize("partial_rollouts", [False, True], ids=["push-between", "partial"])
 def test_async_fit_against_an_sglang_server_generates_one_step_ahead(tmp_path, quickstart_model_dir, partial_rollouts):
-    """mode: async on an SGLang server: rollouts from the manager's background thread, the weight push between them,
+    """async_rollouts on an SGLang server: rollouts from the manager's background thread, the weight push between them,
     or (partial rollouts) into the server while they generate, which pauses and continues them."""
     require_sglang()
     port = free_port()
@@ -54,9 +54,7 @@ def test_async_fit_against_an_sglang_server_generates_one_step_ahead(tmp_path, q
         rollout.update(
             engine="sglang_http",
             engine_kwargs={"urls": [f"http://127.0.0.1:{port}"]},
-            mode="async",
-            max_staleness=1,
-            partial_rollouts=partial_rollouts,
+            async_rollouts={"ahead": 1, "partial": partial_rollouts},
         )
         config["model"].update(old_logprobs="trainer", rollout_correction="tis")
         path.write_text(yaml.safe_dump(config))

@@ -1,0 +1,68 @@
+"""Configuration keys that changed, each refused with what replaces it, before LightningCLI parses the config (whose
+own error would say only that the key is unknown).
+
+A key is named as a user writes it: ``model.<key>``, ``data.<key>``, or ``<Callback>.<key>`` for a callback's
+``init_args`` under ``trainer.callbacks``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lit_agentrl.errors import UserInputError
+
+RENAMED: dict[str, str] = {
+    "model.normalize_advantage_std": "model.advantage_std: sample, population (both divide by the group's std) or none "
+    "(Dr. GRPO: centred only)",
+    "RolloutCallback.mode": "RolloutCallback.async_rollouts: null (sync) or {ahead: 1} (what mode: async did)",
+    "RolloutCallback.max_staleness": "RolloutCallback.async_rollouts: {ahead: N} (how far ahead rollouts run; the "
+    "staleness follows from it, and async_rollouts.max_staleness may only raise the drop threshold)",
+    "RolloutCallback.partial_rollouts": "RolloutCallback.async_rollouts: {partial: true}",
+    "RolloutCallback.ready_fraction": "RolloutCallback.async_rollouts: {ready_fraction: F} (with partial: true)",
+}
+"""Old key -> what to write instead."""
+
+
+def refuse_renamed_keys(argv: Sequence[str]) -> None:
+    """Raise :class:`UserInputError` for the first renamed key in the config files or ``--key`` options of ``argv``."""
+    for source, key in _keys(argv):
+        if key in RENAMED:
+            raise UserInputError(f"{source}: {key} has been replaced", hint=f"use {RENAMED[key]}")
+
+
+def _keys(argv: Sequence[str]) -> Iterator[tuple[str, str]]:
+    """(where, key) of every key the command line sets, directly or through ``--config`` files."""
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            yield from _config_keys(args[i + 1])
+        elif arg.startswith("--config="):
+            yield from _config_keys(arg.split("=", 1)[1])
+        elif arg.startswith(("--model.", "--data.")):
+            key = arg[2:].split("=", 1)[0]
+            yield f"the option --{key}", key
+
+
+def _config_keys(path: str) -> Iterator[tuple[str, str]]:
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return  # LightningCLI reports an unreadable config itself
+    if not isinstance(config, dict):
+        return
+    for section in ("model", "data"):
+        for key in _mapping(config.get(section)):
+            yield path, f"{section}.{key}"
+    for callback in _mapping(config.get("trainer")).get("callbacks") or []:
+        if isinstance(callback, dict):
+            name = str(callback.get("class_path", "")).rsplit(".", 1)[-1]
+            for key in _mapping(callback.get("init_args")):
+                yield path, f"{name}.{key}"
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
