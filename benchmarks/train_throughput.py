@@ -21,10 +21,12 @@ from shared import SHARED_MODEL
 from transformers import AutoModelForCausalLM
 
 from lit_agentrl.batching import TrainingSample, collate, plan_micro_batches
+from lit_agentrl.config.training import Loss
+from lit_agentrl.losses import token_logprobs
 from lit_agentrl.models.tiny import save_tiny_model
-from lit_agentrl.objective import Objective, loss_scale, micro_batch_loss
+from lit_agentrl.objective import loss_scale, micro_batch_loss
 
-OBJECTIVE = Objective(entropy_coef=0.0)
+LOSS = Loss(entropy_coef=0.0)
 
 
 def make_samples(n: int, vocab: int, seed: int = 0) -> list[TrainingSample]:
@@ -56,7 +58,8 @@ def step(model, samples: list[TrainingSample], plans: list[list[list[int]]], pad
     scale = loss_scale(samples)
     for plan in plans:
         micro = collate([[samples[i] for i in row] for row in plan], pad)
-        loss, _ = micro_batch_loss(OBJECTIVE, micro, model(**micro.model_inputs()).logits, scale)
+        policy = token_logprobs(model(**micro.model_inputs()).logits, micro.targets, with_entropy=True)
+        loss, _ = micro_batch_loss(LOSS, None, micro, policy, scale)
         loss.backward()
     model.zero_grad(set_to_none=True)
 

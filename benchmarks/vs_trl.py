@@ -174,11 +174,9 @@ def run_ours(
         },
         "model": {
             "model_path": str(model_dir),
-            "lr": lr,
-            "kl_coef": 0.0,
-            "grad_clip": 1.0,
-            "old_logprobs": "engine" if side == "ours" else "trainer",
-            "rollout_correction": "tis" if asynchronous else None,
+            "optimizer": {"lr": lr, "grad_clip": 1.0},
+            "loss": {"kl_coef": 0.0, "old_logprobs": "engine" if side == "ours" else "trainer"},
+            "correction": {"kind": "tis"} if asynchronous else None,
         },
         "data": {
             "train_files": str(data),

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from lit_agentrl.config.training import Overlong
 from lit_agentrl.losses import grpo_advantages
 from lit_agentrl.processors import mrope_position_ids
 from lit_agentrl.types import Trajectory
@@ -40,41 +41,6 @@ class PreparedSamples(NamedTuple):
     num_groups: int
     num_flat_groups: int
     num_failed: int
-
-
-TRUNCATED = ("keep", "mask", "penalty")
-
-
-@dataclass(frozen=True)
-class Overlong:
-    """What happens to trajectories cut by the length limit (``model.truncated``; DAPO's two options).
-
-    ``keep``: trained like finished ones. ``mask``: they count in their group's advantages but carry no loss.
-    ``penalty``: DAPO's soft overlong penalty, added to the reward before the advantages: 0 up to
-    ``max_length - buffer`` generated tokens, then falling linearly to ``-factor`` at ``max_length`` (and beyond).
-    """
-
-    mode: str = "keep"
-    max_length: int | None = None
-    buffer: int = 0
-    factor: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.mode not in TRUNCATED:
-            raise ValueError(f"model.truncated must be one of {list(TRUNCATED)}, got {self.mode!r}")
-        if self.mode == "penalty" and not (self.max_length and 0 < self.buffer <= self.max_length):
-            raise ValueError(
-                "model.truncated: penalty needs model.overlong_max_length (the generated-token limit, e.g. "
-                "max_new_tokens) and 0 < model.overlong_buffer <= it, got "
-                f"{self.max_length} and {self.buffer}"
-            )
-
-    def penalty(self, generated: int) -> float:
-        if self.mode != "penalty":
-            return 0.0
-        assert self.max_length is not None
-        start = self.max_length - self.buffer
-        return -self.factor * min(max(generated - start, 0) / self.buffer, 1.0)
 
 
 def prepare_samples(

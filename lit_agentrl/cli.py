@@ -15,6 +15,7 @@ import os
 import re
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +99,13 @@ class AgentRLCLI(LightningCLI):
         if settings.get("skip_memory_plan") or not _plans_gpu_memory(settings):
             return
         import torch
-        import yaml
 
-        from lit_agentrl.plan import inputs_from_config, plan_memory
+        from lit_agentrl.plan import inputs_from_run, plan_memory, trainer_layout
 
-        config = yaml.safe_load(self._parser(self.subcommand).dump(settings, skip_none=False, skip_validation=True))
         gpu_memory = torch.cuda.get_device_properties(0).total_memory
-        plan = plan_memory(inputs_from_config(config, gpu_memory))
+        rollout = next((c for c in self.trainer.callbacks if type(c).__name__ == "RolloutCallback"), None)  # type: ignore[attr-defined]
+        layout = trainer_layout(settings.get("trainer"))
+        plan = plan_memory(inputs_from_run(self.model, rollout, self.datamodule, layout, gpu_memory))
         if not plan.fits:
             raise SystemExit(
                 f"lit-agentrl fit: the run does not fit on this GPU ({gpu_memory / 1e9:.0f} GB): "
@@ -239,6 +240,38 @@ def _plans_gpu_memory(settings: Any) -> bool:
 
     accelerator = str(settings.get("trainer.accelerator", "auto"))
     return torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
+
+
+@dataclass
+class ParsedRun:
+    """A config as ``lit-agentrl fit`` would run it, its classes built but no Trainer, no model weights, no engine."""
+
+    module: GRPOModule
+    data: Any
+    callbacks: list[Callback]
+    trainer: Any
+    """The parsed ``trainer`` settings (a namespace)."""
+
+
+class _ConfigOnlyCLI(AgentRLCLI):
+    """The CLI's parse of a config and the classes it names (the module, the data module, the callbacks), without the
+    Trainer (whose accelerator may not be on this machine)."""
+
+    def instantiate_classes(self) -> None:
+        self.config_init = self.parser.instantiate_classes(self.config)
+        self.model = self._get(self.config_init, "model")
+        self.datamodule = self._get(self.config_init, "data")
+
+
+def parse_run(args: list[str]) -> ParsedRun:
+    """The run ``lit-agentrl fit ARGS`` would start, parsed and built as :class:`ParsedRun` (``lit-agentrl plan``)."""
+    refuse_renamed_keys(args)
+    cli = _ConfigOnlyCLI(
+        GRPOModule, AgentPromptDataModule, trainer_defaults=TRAINER_DEFAULTS, args=args, run=False,
+        parser_kwargs={"prog": "lit-agentrl plan"},
+    )  # fmt: skip
+    callbacks = _as_list(cli._get(cli.config_init, "trainer").get("callbacks"))
+    return ParsedRun(cli.model, cli.datamodule, callbacks, cli._get(cli.config, "trainer"))
 
 
 def build_cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> AgentRLCLI:

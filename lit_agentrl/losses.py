@@ -134,7 +134,7 @@ AGGREGATIONS: dict[str, Aggregation] = {
     "seq-mean-token-sum": seq_mean_token_sum,
     "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
 }
-"""``model.loss_aggregation`` names -> functions: a new aggregation is one function and one entry here."""
+"""``model.loss.aggregation`` names -> functions: a new aggregation is one function and one entry here."""
 
 
 def aggregate(

@@ -10,9 +10,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import torch
@@ -28,59 +27,21 @@ from transformers import PreTrainedModel
 
 from lit_agentrl.batching import (
     MicroBatch,
-    Overlong,
     TrainingSample,
     collate,
     plan_micro_batches,
     prepare_samples,
     split_mini_batches,
 )
+from lit_agentrl.config.training import Compute, Correction, Loss, Optimizer, Overlong
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.evaluation import EvalResult, PassAtK
 from lit_agentrl.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
 from lit_agentrl.logprobs import check_chunked_head, model_token_logprobs, relative_difference
-from lit_agentrl.losses import ADVANTAGE_STDS, LossScale, TokenLogProbs
-from lit_agentrl.objective import Objective, loss_scale, micro_batch_loss
+from lit_agentrl.losses import LossScale, TokenLogProbs
+from lit_agentrl.objective import loss_scale, micro_batch_loss
 from lit_agentrl.processors import vision_settings
 from lit_agentrl.types import PromptBatch
-
-PARAM_DTYPES = ("float32", "bfloat16")
-LR_SCHEDULES = ("constant", "cosine")
-
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    """How one rollout becomes optimizer steps (``model.*`` keys, see :class:`GRPOModule`); checked when built."""
-
-    lr: float
-    weight_decay: float
-    betas: tuple[float, float]
-    warmup_steps: int
-    lr_schedule: str
-    advantage_std: str
-    mini_batches: int
-    micro_batch_tokens: int
-    sequence_packing: bool
-    grad_clip: float | None
-    param_dtype: str
-    gradient_checkpointing: bool
-    logprob_chunk_tokens: int = 1024
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.lr > 0, f"model.lr must be > 0, got {self.lr}"),
-            (self.warmup_steps >= 0, f"model.warmup_steps must be >= 0, got {self.warmup_steps}"),
-            (self.lr_schedule in LR_SCHEDULES, f"model.lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}"),
-            (self.advantage_std in ADVANTAGE_STDS, f"model.advantage_std must be one of {list(ADVANTAGE_STDS)}, got {self.advantage_std!r}"),
-            (self.mini_batches >= 1, f"model.mini_batches must be >= 1, got {self.mini_batches}"),
-            (self.micro_batch_tokens >= 1, f"model.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}"),
-            (self.logprob_chunk_tokens >= 0, f"model.logprob_chunk_tokens must be >= 0 (0: full logits), got {self.logprob_chunk_tokens}"),
-            (self.grad_clip is None or self.grad_clip > 0, f"model.grad_clip must be > 0 or null, got {self.grad_clip}"),
-            (self.param_dtype in PARAM_DTYPES, f"model.param_dtype must be one of {list(PARAM_DTYPES)}, got {self.param_dtype!r}"),
-        ]  # fmt: skip
-        for ok, message in checks:
-            if not ok:
-                raise UserInputError(message)
 
 
 class GRPOModule(L.LightningModule):
@@ -88,96 +49,39 @@ class GRPOModule(L.LightningModule):
 
     Args:
         model_path: local directory of a Hugging Face causal LM (weights, config, tokenizer).
-        lr: AdamW learning rate.
-        weight_decay: AdamW weight decay.
-        betas: AdamW betas.
-        warmup_steps: linear warm-up, in optimizer steps.
-        lr_schedule: ``constant`` or ``cosine`` (to 10% of ``lr`` at the last step) after warm-up.
-        clip_ratio_low: PPO clip below (ratio >= 1 - low).
-        clip_ratio_high: PPO clip above (ratio <= 1 + high); > low is DAPO's clip-higher.
-        kl_coef: weight of the k3 KL to a frozen copy of the initial policy (0 disables it, and no copy is made).
-        entropy_coef: weight of an entropy bonus (0: entropy is reported only).
-        loss_aggregation: ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum`` or Dr. GRPO's
-            ``seq-mean-token-sum-norm`` (with ``loss_norm_length``), or any name in
-            :data:`lit_agentrl.losses.AGGREGATIONS`.
-        advantage_std: what a group's centred rewards are divided by: ``sample`` (the unbiased n - 1 std, as TRL, verl
-            and OpenRLHF do; the default), ``population`` (the n std, as ChatLearn does) or ``none`` (Dr. GRPO).
-        mini_batches: optimizer steps per rollout batch (the batch's samples split evenly).
-        micro_batch_tokens: token budget of one forward/backward (rows x padded length).
-        sequence_packing: pack several sequences into one row (positions restart per sequence), so training
-            pays for almost no padding; checked against unpacked forwards when the model loads.
-        grad_clip: max gradient norm (None: no clipping; the norm is still reported).
-        rollout_temperature: the sampling temperature; log-probs are computed at the same temperature.
-        param_dtype: ``float32``, or ``bfloat16`` for mixed precision (fp32 master weights and reductions).
-        gradient_checkpointing: recompute activations in backward to save memory.
-        logprob_chunk_tokens: the output head runs on the trained tokens only, this many at a time, and its
-            logits are recomputed in backward (see :mod:`lit_agentrl.logprobs`); 0 computes full logits at every
-            position, as the model's own forward does (more memory, no recomputation).
-        old_logprobs, rollout_correction, rollout_correction_level, rollout_is_threshold, rollout_is_threshold_low,
-            rollout_mis_weight, policy_ratio, clip_ratio_c, loss_norm_length: see :class:`~lit_agentrl.objective.Objective`.
-        truncated, overlong_max_length, overlong_buffer, overlong_penalty_factor: what trajectories cut by the
-            length limit get: ``keep`` (trained as they are), ``mask`` (no loss), ``penalty`` (DAPO's soft overlong
-            penalty); see :class:`~lit_agentrl.batching.Overlong`.
+        optimizer: AdamW, its schedule and its steps (:class:`~lit_agentrl.config.training.Optimizer`).
+        loss: the GRPO loss (:class:`~lit_agentrl.config.training.Loss`).
+        correction: importance weights between the engine and the trainer (None: off;
+            :class:`~lit_agentrl.config.training.Correction`); needs ``loss.old_logprobs: trainer``.
+        overlong: what trajectories cut by the length limit get (:class:`~lit_agentrl.config.training.Overlong`).
+        compute: memory against time (:class:`~lit_agentrl.config.training.Compute`).
         val_pass_k: the k of the validation's ``pass@k``, ``maj@k`` and ``mean@k`` (logged per ``data_source`` and
             written as a table, see :mod:`lit_agentrl.evaluation`); default ``[1]``; each at most
             ``RolloutCallback.val_n_samples`` (checked by the callback at setup).
+
+    Log-probs are computed at the temperature each rollout was sampled at (``RolloutBatch.temperature``, the
+    rollout callback's ``sampling_params.temperature``): there is one temperature, the sampler's.
     """
 
     def __init__(
         self,
         model_path: str,
-        lr: float = 1e-6,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
-        lr_schedule: Literal["constant", "cosine"] = "constant",
-        clip_ratio_low: float = 0.2,
-        clip_ratio_high: float = 0.2,
-        kl_coef: float = 0.0,
-        entropy_coef: float = 0.0,
-        loss_aggregation: str = "token-mean",
-        advantage_std: Literal["sample", "population", "none"] = "sample",
-        mini_batches: int = 1,
-        micro_batch_tokens: int = 16384,
-        sequence_packing: bool = True,
-        grad_clip: float | None = 1.0,
-        rollout_temperature: float = 1.0,
-        param_dtype: Literal["float32", "bfloat16"] = "float32",
-        gradient_checkpointing: bool = False,
-        logprob_chunk_tokens: int = 1024,
-        old_logprobs: Literal["engine", "trainer"] = "engine",
-        rollout_correction: Literal["tis", "mis"] | None = None,
-        rollout_correction_level: Literal["token", "sequence", "geometric"] = "token",
-        rollout_is_threshold: float = 2.0,
-        rollout_is_threshold_low: float | None = None,
-        rollout_mis_weight: Literal["importance", "one"] = "importance",
-        policy_ratio: Literal["token", "sequence"] = "token",
-        clip_ratio_c: float | None = None,
-        loss_norm_length: int | None = None,
-        truncated: Literal["keep", "mask", "penalty"] = "keep",
-        overlong_max_length: int | None = None,
-        overlong_buffer: int = 0,
-        overlong_penalty_factor: float = 1.0,
+        optimizer: Optimizer = Optimizer(),
+        loss: Loss = Loss(),
+        correction: Correction | None = None,
+        overlong: Overlong = Overlong(),
+        compute: Compute = Compute(),
         val_pass_k: list[int] | None = None,
     ) -> None:
         super().__init__()
-        self.update = UpdateSettings(
-            lr=lr, weight_decay=weight_decay, betas=(betas[0], betas[1]), warmup_steps=warmup_steps,
-            lr_schedule=lr_schedule, advantage_std=advantage_std, mini_batches=mini_batches,
-            micro_batch_tokens=micro_batch_tokens, sequence_packing=sequence_packing, grad_clip=grad_clip,
-            param_dtype=param_dtype, gradient_checkpointing=gradient_checkpointing,
-            logprob_chunk_tokens=logprob_chunk_tokens,
-        )  # fmt: skip
-        self.objective = Objective(
-            clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, kl_coef=kl_coef, entropy_coef=entropy_coef,
-            loss_aggregation=loss_aggregation, temperature=rollout_temperature, old_logprobs=old_logprobs,
-            rollout_correction=rollout_correction, rollout_correction_level=rollout_correction_level,
-            rollout_is_threshold=rollout_is_threshold, rollout_is_threshold_low=rollout_is_threshold_low,
-            rollout_mis_weight=rollout_mis_weight, policy_ratio=policy_ratio, clip_ratio_c=clip_ratio_c,
-            loss_norm_length=loss_norm_length,
-        )  # fmt: skip
-        self.overlong = Overlong(truncated, overlong_max_length, overlong_buffer, overlong_penalty_factor)
+        if correction is not None and loss.old_logprobs != "trainer":
+            raise UserInputError(
+                "model.correction corrects the trainer's old log-probs towards the engine's: it needs "
+                "model.loss.old_logprobs: trainer"
+            )
         self.model_path = model_path
+        self.optimizer, self.loss, self.correction = optimizer, loss, correction
+        self.overlong, self.compute = overlong, compute
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.model: PreTrainedModel | None = None
@@ -195,12 +99,12 @@ class GRPOModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
-        copies = 2 if self.objective.needs_reference else 1
-        if self.device_mesh is None and self.update.param_dtype != "float32":
+        copies = 2 if self.loss.needs_reference else 1
+        if self.device_mesh is None and self.compute.param_dtype != "float32":
             raise UserInputError(
-                f"model.param_dtype={self.update.param_dtype} is FSDP2's mixed precision, and this run has no device "
+                f"model.compute.param_dtype={self.compute.param_dtype} is FSDP2's mixed precision, and this run has no device "
                 "mesh: set trainer.strategy to lightning.pytorch.strategies.ModelParallelStrategy (data_parallel_size: "
-                "1 for one device) or model.param_dtype: float32"
+                "1 for one device) or model.compute.param_dtype: float32"
             )
         if self.device_mesh is None:
             models = [load_pretrained(self.model_path) for _ in range(copies)]
@@ -211,19 +115,19 @@ class GRPOModule(L.LightningModule):
             models = [empty_model(self.model_path) for _ in range(copies)]
             self._prepare(models)
             for model in models:
-                fully_shard_layers(model, self.device_mesh["data_parallel"], self.update.param_dtype)
+                fully_shard_layers(model, self.device_mesh["data_parallel"], self.compute.param_dtype)
             materialize_sharded(models, self.model_path, self.device)
         self.model = models[0].train()
         if copies == 2:
             self.reference = models[1].requires_grad_(False).eval()
         # Under bf16 the same logits computed two ways differ by rounding (~1e-2); a real fault differs by O(1).
-        tolerance = 1e-3 if self.update.param_dtype == "float32" else 3e-2
-        if self.update.sequence_packing:
+        tolerance = 1e-3 if self.compute.param_dtype == "float32" else 3e-2
+        if self.compute.sequence_packing:
             check_packing_support(self.model, tolerance)
-        check_chunked_head(self.model, self.update.logprob_chunk_tokens, tolerance)
+        check_chunked_head(self.model, self.compute.logprob_chunk_tokens, tolerance)
 
     def _prepare(self, models: list[PreTrainedModel]) -> None:
-        if self.update.gradient_checkpointing:
+        if self.compute.gradient_checkpointing:
             models[0].gradient_checkpointing_enable()
             models[0].config.use_cache = False
 
@@ -235,7 +139,7 @@ class GRPOModule(L.LightningModule):
         return self.model
 
     def configure_optimizers(self) -> Any:
-        u = self.update
+        u = self.optimizer
         optimizer = torch.optim.AdamW(self.policy.parameters(), lr=u.lr, betas=u.betas, weight_decay=u.weight_decay)
         factor = _schedule(u.lr_schedule, u.warmup_steps, max(1, self._total_optimizer_steps()))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -244,7 +148,7 @@ class GRPOModule(L.LightningModule):
     def _total_optimizer_steps(self) -> int:
         if self.trainer.max_steps and self.trainer.max_steps > 0:
             return self.trainer.max_steps
-        return int(self.trainer.estimated_stepping_batches) * self.update.mini_batches
+        return int(self.trainer.estimated_stepping_batches) * self.optimizer.mini_batches
 
     def _optimizer_and_scheduler(self) -> tuple[LightningOptimizer, LRScheduler]:
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
@@ -259,16 +163,16 @@ class GRPOModule(L.LightningModule):
                 "the batch has no rollout: add lit_agentrl.callbacks.RolloutCallback to trainer.callbacks"
             )
         start = time.perf_counter()
-        objective = self.objective
-        engine_logprobs_needed = objective.old_logprobs == "engine" or objective.rollout_correction is not None
+        temperature = batch.rollout.temperature  # the sampler's: log-probs are of the distribution it sampled
+        engine_logprobs_needed = self.loss.old_logprobs == "engine" or self.correction is not None
         prepared = prepare_samples(
-            batch.rollout.trajectories, self.update.advantage_std, engine_logprobs_needed, self.overlong
+            batch.rollout.trajectories, self.loss.advantage_std, engine_logprobs_needed, self.overlong
         )
         stats: dict[str, list[float]] = {}
-        if objective.old_logprobs == "trainer" and not self.old_logprobs_from_update:
-            stats["time/old_logprobs_s"] = [self.recompute_old_logprobs(prepared.samples)]
-        for part in split_mini_batches(prepared.samples, self.update.mini_batches):
-            for key, value in self._optimizer_step(part).items():
+        if self.loss.old_logprobs == "trainer" and not self.old_logprobs_from_update:
+            stats["time/old_logprobs_s"] = [self.recompute_old_logprobs(prepared.samples, temperature)]
+        for part in split_mini_batches(prepared.samples, self.optimizer.mini_batches):
+            for key, value in self._optimizer_step(part, temperature).items():
                 stats.setdefault(key, []).append(value)
         # Timings add up over the mini-batches, maxima are maxima; the other statistics are their means.
         logged = {key: _combine(key, v) for key, v in stats.items()}
@@ -281,11 +185,11 @@ class GRPOModule(L.LightningModule):
             self.log_dict(maxima, on_step=True, sync_dist=True, reduce_fx="max", batch_size=1)
         self.log("time/train_s", time.perf_counter() - start, on_step=True, prog_bar=True, batch_size=1)
 
-    def _optimizer_step(self, samples: list[TrainingSample]) -> dict[str, float]:
+    def _optimizer_step(self, samples: list[TrainingSample], temperature: float) -> dict[str, float]:
         """Accumulate the mini-batch's gradients, then clip and step (or skip the step if they are not finite)."""
         optimizer, scheduler = self._optimizer_and_scheduler()
         optimizer.zero_grad(set_to_none=True)
-        result = self.accumulate_gradients(samples, self.manual_backward)
+        result = self.accumulate_gradients(samples, self.manual_backward, temperature)
         start = self._clock()
         grad_norm = self._clip_gradients()
         if math.isfinite(grad_norm):
@@ -299,16 +203,19 @@ class GRPOModule(L.LightningModule):
         return result
 
     def accumulate_gradients(
-        self, samples: list[TrainingSample], backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward
+        self,
+        samples: list[TrainingSample],
+        backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward,
+        temperature: float = 1.0,
     ) -> dict[str, float]:
         """Forward and backward over the micro-batches of one mini-batch; returns its statistics.
 
         The gradients add up to those of one forward over the whole mini-batch (the loss is scaled by the
         mini-batch's counts over every data-parallel rank). Needs no Trainer: ``backward`` is ``manual_backward``
-        inside a fit.
+        inside a fit. ``temperature``: the one the samples were drawn at.
         """
         scale = self._data_parallel_scale(samples)
-        plans = plan_micro_batches(samples, self.update.micro_batch_tokens, self.update.sequence_packing)
+        plans = plan_micro_batches(samples, self.compute.micro_batch_tokens, self.compute.sequence_packing)
         sums: dict[str, float] = {"time/forward_s": 0.0, "time/backward_s": 0.0}
         maxima: dict[str, float] = {}
         # Every rank must run as many forward/backward passes as the busiest one (FSDP collectives).
@@ -317,7 +224,7 @@ class GRPOModule(L.LightningModule):
             if i < len(plans):
                 rows = [[samples[j] for j in row] for row in plans[i]]
                 micro = collate(rows, self._pad_id(), self.device, vision_settings(self.policy))
-                loss, micro_stats = self._micro_loss(micro, scale)
+                loss, micro_stats = self._micro_loss(micro, scale, temperature)
             else:
                 loss, micro_stats = self._dummy_loss(), {}
             middle = self._clock()
@@ -343,46 +250,50 @@ class GRPOModule(L.LightningModule):
         update is the policy of those forwards, so their detached log-probs are pi_old exactly (verl's actor does
         the same with one mini-batch and one epoch) and the recomputing forward would repeat them.
         """
-        return self.objective.old_logprobs == "trainer" and self.update.mini_batches == 1
+        return self.loss.old_logprobs == "trainer" and self.optimizer.mini_batches == 1
 
     @torch.no_grad()
-    def recompute_old_logprobs(self, samples: list[TrainingSample]) -> float:
+    def recompute_old_logprobs(self, samples: list[TrainingSample], temperature: float = 1.0) -> float:
         """Replace every sample's ``old_logprobs`` with the policy's own, before any update of this step (the
         same micro-batches and packing as the update, so on-policy ratios start at exactly 1); returns seconds."""
         start = self._clock()
-        plans = plan_micro_batches(samples, self.update.micro_batch_tokens, self.update.sequence_packing)
+        plans = plan_micro_batches(samples, self.compute.micro_batch_tokens, self.compute.sequence_packing)
         for i in range(self._max_across_ranks(len(plans))):  # every rank joins as many forwards as the busiest
             if i >= len(plans):
                 self._dummy_loss()
                 continue
             rows = [[samples[j] for j in row] for row in plans[i]]
             micro = collate(rows, self._pad_id(), self.device, vision_settings(self.policy))
-            logprobs = self._token_logprobs(self.policy, micro, with_entropy=False).logprobs.float().cpu()
+            logprobs = self._token_logprobs(self.policy, micro, temperature, with_entropy=False).logprobs.float().cpu()
             index = micro.sequence_index.cpu()
             for k, sample in enumerate(s for row in rows for s in row):
                 sample.old_logprobs = logprobs[index == k].tolist()
         return self._clock() - start
 
-    def _micro_loss(self, micro: MicroBatch, scale: LossScale) -> tuple[torch.Tensor, dict[str, float]]:
-        policy = self._token_logprobs(self.policy, micro, with_entropy=True)
+    def _micro_loss(
+        self, micro: MicroBatch, scale: LossScale, temperature: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        policy = self._token_logprobs(self.policy, micro, temperature, with_entropy=True)
         if self.old_logprobs_from_update:
             micro = micro._replace(old_logprobs=policy.logprobs.detach().to(micro.old_logprobs.dtype))
         reference = None
         if self.reference is not None:
             with torch.no_grad():
-                reference = self._token_logprobs(self.reference, micro, with_entropy=False).logprobs
-        return micro_batch_loss(self.objective, micro, policy, scale, reference)
+                reference = self._token_logprobs(self.reference, micro, temperature, with_entropy=False).logprobs
+        return micro_batch_loss(self.loss, self.correction, micro, policy, scale, reference)
 
-    def _token_logprobs(self, model: PreTrainedModel, micro: MicroBatch, with_entropy: bool) -> TokenLogProbs:
+    def _token_logprobs(
+        self, model: PreTrainedModel, micro: MicroBatch, temperature: float, with_entropy: bool
+    ) -> TokenLogProbs:
         return model_token_logprobs(
             model,
             micro.model_inputs(),
             micro.targets,
             micro.loss_mask > 0,
-            self.objective.temperature,
-            self.update.logprob_chunk_tokens,
+            temperature,
+            self.compute.logprob_chunk_tokens,
             with_entropy=with_entropy,
-            entropy_grad=self.objective.entropy_coef > 0,
+            entropy_grad=self.loss.entropy_coef > 0,
         )
 
     def _dummy_loss(self) -> torch.Tensor:
@@ -395,7 +306,7 @@ class GRPOModule(L.LightningModule):
         return logits.sum() * 0.0
 
     def _clip_gradients(self) -> float:
-        max_norm = self.update.grad_clip if self.update.grad_clip is not None else float("inf")
+        max_norm = self.optimizer.grad_clip if self.optimizer.grad_clip is not None else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
@@ -416,14 +327,14 @@ class GRPOModule(L.LightningModule):
         """
         mesh = self.device_mesh
         if mesh is None or not dist.is_initialized():
-            return loss_scale(samples, self.objective.norm_length)
+            return loss_scale(samples, self.loss.scale_length)
         group = mesh["data_parallel"].get_group()
         ranks = dist.get_world_size(group)
         counts = torch.tensor([sum(sum(s.loss_mask) for s in samples), len(samples)], dtype=torch.float64)
         counts = counts.to(self.device)
         dist.all_reduce(counts, group=group)
         tokens, sequences = (max(float(c), 1.0) / ranks for c in counts.tolist())
-        return LossScale(tokens=tokens, sequences=sequences, norm_length=self.objective.norm_length)
+        return LossScale(tokens=tokens, sequences=sequences, norm_length=self.loss.scale_length)
 
     def _max_across_ranks(self, value: int) -> int:
         if not dist.is_initialized() or dist.get_world_size() == 1:

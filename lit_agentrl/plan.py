@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -319,99 +318,109 @@ def model_shapes(model_path: str) -> ModelShapes:
     )
 
 
-def _defaults(cls: Any) -> dict[str, Any]:
-    return {
-        name: p.default
-        for name, p in inspect.signature(cls.__init__).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }
+@dataclass(frozen=True)
+class TrainerLayout:
+    """How many GPUs a run takes, as its ``trainer`` settings say."""
+
+    devices: int = 1
+    nodes: int = 1
+    data_parallel_size: int = 1
 
 
-def _set(config: dict[str, Any], dotted: str, value: Any) -> None:
-    node = config
-    *parents, last = dotted.split(".")
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[last] = value
-
-
-def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> PlanInputs:
-    """:class:`PlanInputs` from a parsed run config (``trainer``, ``model``, ``data``, the RolloutCallback)."""
-    from lit_agentrl.callbacks.rollout import RolloutCallback
-    from lit_agentrl.data import AgentPromptDataModule
-    from lit_agentrl.module import GRPOModule
-
-    trainer = config.get("trainer") or {}
-    model = {**_defaults(GRPOModule), **(config.get("model") or {})}
-    data = {**_defaults(AgentPromptDataModule), **(config.get("data") or {})}
-    rollout = dict(_defaults(RolloutCallback))
-    for callback in trainer.get("callbacks") or []:
-        if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith("RolloutCallback"):
-            rollout.update(callback.get("init_args") or {})
-    if "model_path" not in model:
-        raise ValueError("the config has no model.model_path")
+def trainer_layout(trainer: Any) -> TrainerLayout:
+    """The layout from the parsed ``trainer`` settings (a jsonargparse namespace or a dict: both have ``get``)."""
     devices = trainer.get("devices", 1)
     devices = devices if isinstance(devices, int) else 1
     nodes = int(trainer.get("num_nodes", 1) or 1)
     strategy = trainer.get("strategy")
-    dp = (strategy.get("init_args") or {}).get("data_parallel_size") if isinstance(strategy, dict) else None
-    dp = dp if isinstance(dp, int) else devices * nodes
-    engine_kwargs = rollout.get("engine_kwargs") or {}
-    sampling = rollout.get("sampling_params") or {}
+    init_args = strategy.get("init_args") if hasattr(strategy, "get") else None
+    dp = init_args.get("data_parallel_size") if init_args is not None else None
+    return TrainerLayout(devices, nodes, dp if isinstance(dp, int) else devices * nodes)
+
+
+def inputs_from_run(
+    module: Any, rollout: Any, data: Any, layout: TrainerLayout, gpu_memory: int = 80 * GB
+) -> PlanInputs:
+    """:class:`PlanInputs` from a run's built objects (a ``GRPOModule``, its ``RolloutCallback``, its data module):
+    what the CLI built from the config, defaults included, never the YAML read again."""
+    from lit_agentrl.callbacks.rollout import RolloutCallback
+
+    rollout = rollout if rollout is not None else RolloutCallback()
+    engine_kwargs = rollout.engine_kwargs
+    compute = module.compute
     return PlanInputs(
-        **dataclasses.asdict(model_shapes(str(model["model_path"]))),
-        param_dtype=str(model["param_dtype"]),
+        **dataclasses.asdict(model_shapes(str(module.model_path))),
+        param_dtype=str(compute.param_dtype),
         engine_dtype=str(engine_kwargs.get("dtype", "bfloat16")),
         engine_tp_size=int(engine_kwargs.get("tp_size", 1)),
-        data_parallel_size=dp,
+        data_parallel_size=layout.data_parallel_size,
         gpu_memory=gpu_memory,
-        micro_batch_tokens=int(model["micro_batch_tokens"]),
-        logprob_chunk_tokens=int(model["logprob_chunk_tokens"]),
-        gradient_checkpointing=bool(model["gradient_checkpointing"]),
-        sequence_packing=bool(model["sequence_packing"]),
-        kl_coef=float(model["kl_coef"]),
-        entropy_coef=float(model["entropy_coef"]),
-        temperature=float(model["rollout_temperature"]),
-        engine=str(rollout["engine"]),
-        colocate=bool(rollout["colocate"]),
-        trainer_cache_released=bool(rollout["colocate"]),  # RolloutCallback empties the cache before SGLang resumes
-        trainer_offloaded=bool(
-            rollout["colocate"] if rollout["offload_trainer"] is None else rollout["offload_trainer"]
-        ),
-        sync_bucket_mb=int(rollout["sync_bucket_mb"]),
+        micro_batch_tokens=compute.micro_batch_tokens,
+        logprob_chunk_tokens=compute.logprob_chunk_tokens,
+        gradient_checkpointing=compute.gradient_checkpointing,
+        sequence_packing=compute.sequence_packing,
+        kl_coef=module.loss.kl_coef,
+        entropy_coef=module.loss.entropy_coef,
+        temperature=rollout.sampling.temperature,
+        engine=rollout.engine_name,
+        colocate=rollout.colocate,
+        trainer_cache_released=rollout.colocate,  # RolloutCallback empties the cache before SGLang resumes
+        trainer_offloaded=rollout.offload_trainer,
+        sync_bucket_mb=rollout.sync_bucket_bytes >> 20,
         mem_fraction_static=engine_kwargs.get("mem_fraction_static"),
         enable_memory_saver=bool(engine_kwargs.get("enable_memory_saver", False)),
-        prompts_per_step=int(data["prompts_per_step"]),
-        n_samples=int(rollout["n_samples"]),
-        max_prompt_length=int(data.get("max_prompt_length") or 0),
-        max_new_tokens=int(sampling.get("max_new_tokens", 128)),
-        ranks_per_node=devices,
+        prompts_per_step=int(getattr(data, "prompts_per_step", 8)),
+        n_samples=rollout.n_samples,
+        max_prompt_length=int(getattr(data, "max_prompt_length", 0) or 0),
+        max_new_tokens=rollout.sampling.max_new_tokens,
+        ranks_per_node=layout.devices,
     )
+
+
+def inputs_from_args(args: list[str], gpu_memory: int = 80 * GB, devices: int | None = None) -> PlanInputs:
+    """:class:`PlanInputs` of the run ``lit-agentrl fit ARGS`` would start (``--config FILE``, ``--KEY VALUE``): the
+    CLI parses the config and builds the module, the data module and the callbacks, but no Trainer and no model.
+    ``devices`` replaces the config's devices and data-parallel size."""
+    from lit_agentrl.cli import parse_run
+
+    run = parse_run(args)
+    layout = trainer_layout(run.trainer)
+    if devices is not None:
+        layout = TrainerLayout(devices, layout.nodes, devices)
+    rollout = next((c for c in run.callbacks if type(c).__name__ == "RolloutCallback"), None)
+    return inputs_from_run(run.module, rollout, run.data, layout, gpu_memory)
+
+
+def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> PlanInputs:
+    """:func:`inputs_from_args` of a config given as a dict (written to a temporary file for the CLI to parse)."""
+    import tempfile
+
+    import yaml
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(config, f)
+    try:
+        return inputs_from_args(["--config", f.name], gpu_memory)
+    finally:
+        Path(f.name).unlink()
 
 
 def plan_main(args: list[str]) -> int:
     """``lit-agentrl plan``: print the plan of a config; 0 when it fits, 1 when not."""
-    import yaml
-
     parser = argparse.ArgumentParser(prog="lit-agentrl plan", description="Estimate a run's memory per GPU.")
     parser.add_argument("--config", required=True, help="the run config (as for fit)")
     parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU, in 10^9 bytes")
     parser.add_argument("--devices", type=int, help="override trainer.devices and the data-parallel size")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="e.g. model.kl_coef=0.1")
+    parser.add_argument(
+        "--override", action="append", default=[], metavar="KEY=VALUE", help="e.g. model.loss.kl_coef=0.1"
+    )
     ns = parser.parse_args(args)
-    config = yaml.safe_load(Path(ns.config).read_text()) or {}
-    if ns.devices is not None:
-        _set(config, "trainer.devices", ns.devices)
-        strategy = config.get("trainer", {}).get("strategy")
-        if isinstance(strategy, dict):
-            strategy.setdefault("init_args", {})["data_parallel_size"] = ns.devices
     for item in ns.override:
-        key, sep, value = item.partition("=")
-        if not sep:
+        if "=" not in item:
             parser.error(f"--override {item!r}: expected KEY=VALUE")
-        _set(config, key, yaml.safe_load(value))
+    cli_args = ["--config", ns.config, *(f"--{item}" for item in ns.override)]
     try:
-        inputs = inputs_from_config(config, int(ns.gpu_memory_gb * GB))
+        inputs = inputs_from_args(cli_args, int(ns.gpu_memory_gb * GB), ns.devices)
     except ValueError as exc:
         print(f"lit-agentrl plan: {ns.config}: {exc}", file=sys.stderr)
         return 2

@@ -94,10 +94,12 @@ class RolloutStats:
 
 @dataclass
 class RolloutBatch:
-    """Every trajectory of a rollout (``n`` per row, row-major) and their statistics."""
+    """Every trajectory of a rollout (``n`` per row, row-major), their statistics, and the temperature they were
+    sampled at (the trainer computes log-probs at it)."""
 
     trajectories: list[Trajectory]
     stats: RolloutStats
+    temperature: float
 
 
 @dataclass

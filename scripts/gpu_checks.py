@@ -138,8 +138,8 @@ SMOKE = Profile(
     fit_overrides={
         "trainer.max_steps": 2,
         "trainer.accelerator": "cpu",
-        "model.param_dtype": "float32",
-        "model.gradient_checkpointing": False,
+        "model.compute.param_dtype": "float32",
+        "model.compute.gradient_checkpointing": False,
         "data.prompts_per_step": 2,
         "rollout.engine": "transformers",
         "rollout.engine_kwargs": {"dtype": "float32"},
@@ -325,14 +325,11 @@ def measure_training(profile: Profile, model_dir: Path, peak_flops: float | None
 def sharded_module(profile: Profile, model_dir: Path, device: Any, mesh: Any) -> Any:
     """The policy as a run configures it: packed sequences (its load-time packing check runs, at the bf16
     tolerance under bf16) and the chunked log-prob head at its default chunk."""
+    from lit_agentrl.config.training import Compute
     from lit_agentrl.module import GRPOModule
 
-    module = GRPOModule(
-        str(model_dir),
-        micro_batch_tokens=profile.micro_batch_tokens,
-        param_dtype=profile.param_dtype,
-        sequence_packing=True,
-    )
+    compute = Compute(micro_batch_tokens=profile.micro_batch_tokens, param_dtype=profile.param_dtype)  # type: ignore[arg-type]
+    module = GRPOModule(str(model_dir), compute=compute)
     module._device_mesh = mesh  # what ModelParallelStrategy sets before configure_model
     module.to(device)
     module.configure_model()  # sharded on the meta device, then filled from the checkpoint (lit_agentrl.loading)
@@ -363,7 +360,7 @@ def _timed_steps(
     stats = [step() for _ in range(profile.train_steps)]
     seconds = (clock(device) - start) / profile.train_steps
     metrics, summary = _training_result(profile, model_dir, device, seconds, stats, sum(map(len, samples)), peak_flops)
-    metrics["sequence_packing"] = module.update.sequence_packing
+    metrics["sequence_packing"] = module.compute.sequence_packing
     return metrics, summary
 
 
@@ -496,8 +493,11 @@ def fit_config(profile: Profile, model_dir: Path, workdir: Path) -> dict[str, An
         config["data"][key] = str(REPO_ROOT / config["data"][key])
     rollout = trainer["callbacks"][0]["init_args"]
     for dotted, value in profile.fit_overrides.items():
-        section, key = dotted.split(".", 1)
-        (rollout if section == "rollout" else config[section])[key] = value
+        section, *parents, key = dotted.split(".")
+        node = rollout if section == "rollout" else config[section]
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[key] = value
     return config
 
 
@@ -589,17 +589,21 @@ def _max_logged(rows: list[dict[str, str]], key: str) -> float | None:
 # ---------------------------------------------------------------------------------------------------- row 4
 
 
-def training_plan_config(profile: Profile, model_dir: Path) -> dict[str, Any]:
-    """Row 1's settings as a run config, for the planner; the transformers engine adds no modelled GPU memory."""
-    model = {
-        "model_path": str(model_dir),
-        "param_dtype": profile.param_dtype,
-        "micro_batch_tokens": profile.micro_batch_tokens,
-        "gradient_checkpointing": False,
-        "sequence_packing": True,
-    }
-    rollout = {"class_path": "lit_agentrl.callbacks.RolloutCallback", "init_args": {"engine": "transformers"}}
-    return {"trainer": {"devices": 1, "callbacks": [rollout]}, "model": model, "data": {}}
+def training_plan_inputs(profile: Profile, model_dir: Path, gpu_memory: int) -> Any:
+    """Row 1's settings as the planner's inputs; the transformers engine adds no modelled GPU memory."""
+    from lit_agentrl.callbacks import RolloutCallback
+    from lit_agentrl.config.training import Compute
+    from lit_agentrl.module import GRPOModule
+    from lit_agentrl.plan import TrainerLayout, inputs_from_run
+
+    compute = Compute(
+        micro_batch_tokens=profile.micro_batch_tokens,
+        param_dtype=profile.param_dtype,  # type: ignore[arg-type]
+        gradient_checkpointing=False,
+        sequence_packing=True,
+    )
+    module = GRPOModule(str(model_dir), compute=compute)
+    return inputs_from_run(module, RolloutCallback(engine="transformers"), None, TrainerLayout(), gpu_memory)
 
 
 def measure_plan(
@@ -609,7 +613,7 @@ def measure_plan(
     from lit_agentrl.plan import inputs_from_config, plan_memory
 
     memory = gpu_memory or 80 * GB  # on CPU the planner's default GPU; the peaks do not depend on it
-    trained = plan_memory(inputs_from_config(training_plan_config(profile, model_dir), memory)).phases
+    trained = plan_memory(training_plan_inputs(profile, model_dir, memory)).phases
     fitted = plan_memory(inputs_from_config(fit_config(profile, model_dir, workdir), memory)).phases
     fit_memory = fit.metrics.get("memory_gb") or {}
     rows = [

@@ -153,7 +153,7 @@ def quick_config(
             ],
             **trainer,
         },
-        "model": {"model_path": str(model_dir), "lr": 5.0e-4},
+        "model": {"model_path": str(model_dir), "optimizer": {"lr": 5.0e-4}},
         "data": {
             "train_files": str(REPO_ROOT / "data/quickstart/train.jsonl"),
             "val_files": str(REPO_ROOT / "data/quickstart/val.jsonl"),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lit_agentrl.batching import TrainingSample, collate, plan_micro_batches, prepare_samples, split_mini_batches
+from lit_agentrl.config.training import Compute, Loss
 from lit_agentrl.losses import token_logprobs
 from lit_agentrl.module import GRPOModule, check_packing_support
 from lit_agentrl.types import Trajectory
@@ -31,7 +32,11 @@ def samples(vocab: int) -> list[TrainingSample]:
 
 def loss_and_grads(model, batch: list[TrainingSample], aggregation: str, budget: int, packing: bool):
     """GRPOModule's own gradient accumulation over one mini-batch, with the given micro-batch budget."""
-    module = GRPOModule("unused", micro_batch_tokens=budget, sequence_packing=packing, loss_aggregation=aggregation)
+    module = GRPOModule(
+        "unused",
+        loss=Loss(aggregation=aggregation),
+        compute=Compute(micro_batch_tokens=budget, sequence_packing=packing),
+    )
     module.model = model
     model.zero_grad(set_to_none=True)
     stats = module.accumulate_gradients(batch)

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from lit_agentrl.batching import Overlong, TrainingSample, prepare_samples
+from lit_agentrl.batching import TrainingSample, prepare_samples
+from lit_agentrl.config.training import Compute, Correction, Loss, Optimizer, Overlong
 from lit_agentrl.correction import correction_weights
 from lit_agentrl.losses import LossScale, aggregate, clipped_policy_loss
-from lit_agentrl.objective import Objective
 from lit_agentrl.types import Trajectory
 
 LOG = math.log
@@ -55,8 +55,8 @@ def test_dr_grpo_divides_each_sequences_token_sum_by_a_constant_length():
     # sequence sums 2 and 3, mean 2.5, over the constant length 10
     scale = LossScale(tokens=5.0, sequences=2.0, norm_length=10.0)
     assert float(aggregate(values, mask, "seq-mean-token-sum-norm", scale)) == pytest.approx(0.25)
-    with pytest.raises(ValueError, match=r"model\.loss_norm_length"):
-        Objective(loss_aggregation="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match=r"model\.loss\.norm_length"):
+        Loss(aggregation="seq-mean-token-sum-norm")
 
 
 # Trainer (pi_old) 0.5, 0.5, 0.9 and engine (mu) 0.1, 0.5, 0.3 on three trained tokens: w = 5, 1, 3.
@@ -154,18 +154,18 @@ def test_geometric_mis_drops_sequences_by_their_geometric_mean_and_keeps_their_t
 def test_a_geometric_mean_is_refused_as_an_importance_weight():
     with pytest.raises(ValueError, match="rejection statistic"):
         packed_weights("tis", "geometric")
-    with pytest.raises(ValueError, match=r"model\.rollout_correction_level to sequence"):
-        Objective(old_logprobs="trainer", rollout_correction="tis", rollout_correction_level="geometric")
-    with pytest.raises(ValueError, match=r"model\.rollout_mis_weight must be one of \['importance', 'one'\]"):
-        Objective(old_logprobs="trainer", rollout_correction="mis", rollout_mis_weight="ones")
+    with pytest.raises(ValueError, match=r"model\.correction\.level to sequence"):
+        Correction(kind="tis", level="geometric")
+    with pytest.raises(ValueError, match=r"model\.correction\.mis_weight must be one of \['importance', 'one'\]"):
+        Correction(kind="mis", mis_weight="ones")  # type: ignore[arg-type]
 
 
 def test_gspo_needs_its_mean_over_sequences():
     with pytest.raises(
-        ValueError, match=r"policy_ratio: sequence is GSPO.*model\.loss_aggregation: seq-mean-token-mean"
+        ValueError, match=r"policy_ratio: sequence is GSPO.*model\.loss\.aggregation: seq-mean-token-mean"
     ):
-        Objective(policy_ratio="sequence")
-    Objective(policy_ratio="sequence", loss_aggregation="seq-mean-token-mean")
+        Loss(policy_ratio="sequence")
+    Loss(policy_ratio="sequence", aggregation="seq-mean-token-mean")
 
 
 def test_gspo_loss_is_the_mean_over_sequences_of_the_clipped_sequence_objective():
@@ -175,21 +175,23 @@ def test_gspo_loss_is_the_mean_over_sequences_of_the_clipped_sequence_objective(
     new = torch.tensor([[LOG(0.5), LOG(0.5), LOG(0.5), LOG(0.55)]])
     old = torch.tensor([[LOG(0.5), LOG(0.5), LOG(0.5), LOG(0.5)]])
     index = torch.tensor([[0, 0, 0, 1]])
-    objective = Objective(policy_ratio="sequence", loss_aggregation="seq-mean-token-mean")
+    settings = Loss(policy_ratio="sequence", aggregation="seq-mean-token-mean")
     loss, _ = clipped_policy_loss(
-        new, old, torch.tensor([[1.0, 1.0, 1.0, -1.0]]), torch.ones(1, 4), aggregation=objective.loss_aggregation,
+        new, old, torch.tensor([[1.0, 1.0, 1.0, -1.0]]), torch.ones(1, 4), aggregation=settings.aggregation,
         sequence_index=index, sequence_ratio=True,
     )  # fmt: skip
     assert float(loss) == pytest.approx(0.05)
 
 
 def test_rollout_correction_needs_the_trainers_old_logprobs():
-    with pytest.raises(ValueError, match=r"needs model\.old_logprobs: trainer"):
-        Objective(rollout_correction="tis")
-    with pytest.raises(ValueError, match=r"model\.old_logprobs must be one of"):
-        Objective(old_logprobs="reference")
-    with pytest.raises(ValueError, match=r"model\.clip_ratio_c"):
-        Objective(clip_ratio_c=0.5)
+    from lit_agentrl.module import GRPOModule
+
+    with pytest.raises(ValueError, match=r"needs model\.loss\.old_logprobs: trainer"):
+        GRPOModule("unused", correction=Correction(kind="tis"))
+    with pytest.raises(ValueError, match=r"model\.loss\.old_logprobs must be one of"):
+        Loss(old_logprobs="reference")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"model\.loss\.clip_ratio_c"):
+        Loss(clip_ratio_c=0.5)
 
 
 def trajectory(agent: str, logprobs: list[float] | None) -> Trajectory:
@@ -208,7 +210,7 @@ def test_missing_engine_logprobs_are_an_error_naming_the_agent_not_zeros():
 def test_the_trainers_old_logprobs_make_the_first_update_exactly_on_policy(tiny_model_dir):
     from lit_agentrl.module import GRPOModule
 
-    module = GRPOModule(str(tiny_model_dir), old_logprobs="trainer", micro_batch_tokens=32)
+    module = GRPOModule(str(tiny_model_dir), loss=Loss(old_logprobs="trainer"), compute=Compute(micro_batch_tokens=32))
     module.configure_model()
     g = torch.Generator().manual_seed(0)
     samples = []
@@ -241,7 +243,7 @@ def test_one_mini_batch_takes_the_old_logprobs_from_its_own_forward_exactly_as_r
         stats = module.accumulate_gradients(batch)
         return stats, [p.grad.clone() for p in module.policy.parameters()]
 
-    one = GRPOModule(str(tiny_model_dir), old_logprobs="trainer", micro_batch_tokens=32)
+    one = GRPOModule(str(tiny_model_dir), loss=Loss(old_logprobs="trainer"), compute=Compute(micro_batch_tokens=32))
     one.configure_model()
     assert one.old_logprobs_from_update
     # the stale -9.0 in the samples is never read: the update's forward supplies pi_old
@@ -251,7 +253,12 @@ def test_one_mini_batch_takes_the_old_logprobs_from_its_own_forward_exactly_as_r
     for a, b in zip(reused, recomputed):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     # two mini-batches: the second update's pi_old is the policy before the first, so it must be recomputed
-    two = GRPOModule(str(tiny_model_dir), old_logprobs="trainer", micro_batch_tokens=32, mini_batches=2)
+    two = GRPOModule(
+        str(tiny_model_dir),
+        Optimizer(mini_batches=2),
+        Loss(old_logprobs="trainer"),
+        compute=Compute(micro_batch_tokens=32),
+    )
     two.configure_model()
     assert not two.old_logprobs_from_update
     assert gradients(two, recompute=False)[0]["train/clip_frac"] > 0.0  # the samples' own -9.0 is the ratio's base
@@ -266,13 +273,13 @@ def finished(group: int, reward: float, generated: int, cut: bool) -> Trajectory
 
 
 def test_dapo_soft_overlong_penalty_falls_linearly_over_the_buffer():
-    overlong = Overlong("penalty", max_length=20, buffer=4, factor=0.5)
+    overlong = Overlong("penalty", max_length=20, buffer=4, penalty_factor=0.5)
     # up to 16 tokens nothing; then -0.5 * (L - 16) / 4; the limit and beyond: -0.5
     assert [overlong.penalty(n) for n in (10, 16, 17, 18, 20, 25)] == [0.0, 0.0, -0.125, -0.25, -0.5, -0.5]
     # rewards 1 and 1 become 1 and 0.75 (18 tokens): one group, mean 0.875, Dr. GRPO advantages +0.125, -0.125
     prepared = prepare_samples([finished(0, 1.0, 10, False), finished(0, 1.0, 18, True)], "none", True, overlong)
     assert [s.advantage for s in prepared.samples] == pytest.approx([0.125, -0.125])
-    with pytest.raises(ValueError, match=r"model\.overlong_max_length"):
+    with pytest.raises(ValueError, match=r"model\.overlong\.max_length"):
         Overlong("penalty")
 
 

@@ -113,7 +113,6 @@ class RolloutCallback(Callback):
         self.engine_name, self.engine_kwargs = engine, dict(engine_kwargs or {})
         self.engine_modules = list(engine_modules or [])
         self.n_samples, self.val_n_samples = n_samples, val_n_samples
-        self.sampling_params, self.val_sampling_params = dict(sampling_params or {}), dict(val_sampling_params or {})
         self.max_inflight_per_engine, self.trajectory_timeout_s = max_inflight_per_engine, trajectory_timeout_s
         self.check_template_drift = check_template_drift
         self.sync_bucket_bytes = sync_bucket_mb << 20
@@ -137,7 +136,7 @@ class RolloutCallback(Callback):
         if self.loop is not None:
             return
         module = _grpo_module(pl_module)
-        check_module(module, self.sampling.temperature, self.val_n_samples)
+        check_module(module, self.val_n_samples)
         tokenizer = load_tokenizer(module.model_path)
         if not tokenizer.chat_template:
             raise UserInputError(
@@ -168,8 +167,8 @@ class RolloutCallback(Callback):
             check_template_drift=self.check_template_drift,
         )
         self.loop = RolloutLoop(
-            manager, seeds, self.n_samples, self.sampling_params, self.val_n_samples, self.val_sampling_params,
-            self.async_rollouts, collective,
+            manager, seeds, self.n_samples, self.sampling, self.val_n_samples, self.val_sampling, self.async_rollouts,
+            collective,
         )  # fmt: skip
         self.health.collective = collective
         if self.async_rollouts is not None:
@@ -286,7 +285,7 @@ class RolloutCallback(Callback):
         """Training steps (rollout batches) left in the run, this one included; a large number without max_steps."""
         if not trainer.max_steps or trainer.max_steps < 0:
             return 1 << 30
-        mini_batches = _grpo_module(trainer.lightning_module).update.mini_batches
+        mini_batches = _grpo_module(trainer.lightning_module).optimizer.mini_batches
         return max(0, (trainer.max_steps - trainer.global_step) // mini_batches)
 
 

@@ -13,14 +13,8 @@ from lit_agentrl.module import GRPOModule
 from lit_agentrl.rollout.schedule import AsyncRollouts
 
 
-def check_module(module: GRPOModule, temperature: float, val_n_samples: int) -> None:
-    """The sampling temperature is the module's, and its pass@k needs no more samples than validation draws."""
-    if abs(temperature - module.objective.temperature) > 1e-9:
-        raise UserInputError(
-            f"RolloutCallback.sampling_params.temperature={temperature} but "
-            f"model.rollout_temperature={module.objective.temperature}: log-probs must be computed at the sampling "
-            "temperature"
-        )
+def check_module(module: GRPOModule, val_n_samples: int) -> None:
+    """The module's pass@k needs no more samples than validation draws."""
     if max(module.val_pass_k) > val_n_samples:
         raise UserInputError(
             f"model.val_pass_k={module.val_pass_k} needs k <= RolloutCallback.val_n_samples={val_n_samples} "
@@ -42,12 +36,12 @@ def check_async(
             "depend on the step's rollout)",
             hint="set data.dynamic_sampling: false, or drop async_rollouts",
         )
-    if schedule.staleness >= 1 and module.objective.rollout_correction is None:
+    if schedule.staleness >= 1 and module.correction is None:
         raise UserInputError(
             f"RolloutCallback.async_rollouts trains on trajectories up to {schedule.staleness} update(s) older than "
-            "the policy: it needs the off-policy correction, model.rollout_correction (with model.old_logprobs: "
+            "the policy: it needs the off-policy correction, model.correction (with model.loss.old_logprobs: "
             "trainer)",
-            hint="set model.old_logprobs: trainer and model.rollout_correction: tis, or async_rollouts: {ahead: 0}",
+            hint="set model.loss.old_logprobs: trainer and model.correction: {kind: tis}, or async_rollouts: {ahead: 0}",
         )
     if schedule.partial and not all(engine.updates_while_generating for engine in engines):
         raise UserInputError(

@@ -15,9 +15,35 @@ import yaml
 
 from lit_agentrl.errors import UserInputError
 
+_MOVED = {
+    "optimizer": ("lr", "weight_decay", "betas", "warmup_steps", "lr_schedule", "grad_clip", "mini_batches"),
+    "loss": (
+        "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "kl_coef", "entropy_coef", "policy_ratio", "advantage_std",
+        "old_logprobs",
+    ),
+    "compute": (
+        "micro_batch_tokens", "sequence_packing", "logprob_chunk_tokens", "gradient_checkpointing", "param_dtype",
+    ),
+}  # fmt: skip
+"""The flat ``model.*`` keys that became a group's, under the same name."""
+
 RENAMED: dict[str, str] = {
-    "model.normalize_advantage_std": "model.advantage_std: sample, population (both divide by the group's std) or none "
-    "(Dr. GRPO: centred only)",
+    **{f"model.{key}": f"model.{group}.{key}" for group, keys in _MOVED.items() for key in keys},
+    "model.loss_aggregation": "model.loss.aggregation",
+    "model.loss_norm_length": "model.loss.norm_length",
+    "model.normalize_advantage_std": "model.loss.advantage_std: sample, population (both divide by the group's "
+    "std) or none (Dr. GRPO: centred only)",
+    "model.rollout_temperature": "RolloutCallback.sampling_params.temperature alone: log-probs are computed at the "
+    "temperature each rollout was sampled at",
+    "model.rollout_correction": "model.correction: {kind: tis} (or mis; null: off)",
+    "model.rollout_correction_level": "model.correction.level",
+    "model.rollout_is_threshold": "model.correction.threshold",
+    "model.rollout_is_threshold_low": "model.correction.threshold_low",
+    "model.rollout_mis_weight": "model.correction.mis_weight",
+    "model.truncated": "model.overlong.mode",
+    "model.overlong_max_length": "model.overlong.max_length",
+    "model.overlong_buffer": "model.overlong.buffer",
+    "model.overlong_penalty_factor": "model.overlong.penalty_factor",
     "RolloutCallback.mode": "RolloutCallback.async_rollouts: null (sync) or {ahead: 1} (what mode: async did)",
     "RolloutCallback.max_staleness": "RolloutCallback.async_rollouts: {ahead: N} (how far ahead rollouts run; the "
     "staleness follows from it, and async_rollouts.max_staleness may only raise the drop threshold)",

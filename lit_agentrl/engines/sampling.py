@@ -84,6 +84,16 @@ class SamplingParams:
         sp._check(where)
         return sp
 
+    def to_request(self) -> dict[str, Any]:
+        """The ``sampling_params`` dict of a request: the keys whose values differ from SGLang's defaults (lists for
+        the tuples), so an engine or an agent reads exactly what was configured."""
+        default = SamplingParams()
+        return {
+            f.name: list(value) if isinstance(value, tuple) else value
+            for f in fields(self)
+            if (value := getattr(self, f.name)) != getattr(default, f.name)
+        }
+
     def _check(self, where: str) -> None:
         checks = [
             (self.max_new_tokens >= 0, "max_new_tokens must be >= 0"),

@@ -76,7 +76,7 @@ def dynamic_rollout(
             trajectories.append(t)
     return DynamicRollout(
         rows=[all_rows[group] for group in kept],
-        rollout=RolloutBatch(trajectories, stats),
+        rollout=RolloutBatch(trajectories, stats, first.temperature),
         generated=generated,
         rounds=rounds,
         dropped_groups=len(all_rows) - len(kept),

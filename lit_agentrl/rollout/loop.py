@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
+from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.rollout.ahead import RolloutsAhead, batch_key, split_stale
 from lit_agentrl.rollout.collective import Collective, SingleProcess
@@ -64,8 +65,8 @@ class RolloutLoop:
     Args:
         manager: runs the agents against the engines.
         seeds: this rank's rollout and stream seeds.
-        n_samples, sampling_params: trajectories per training prompt, and their sampling parameters.
-        val_n_samples, val_sampling_params: the same for validation.
+        n_samples, sampling: trajectories per training prompt, and their sampling parameters.
+        val_n_samples, val_sampling: the same for validation.
         schedule: rollouts generated ahead of training (None: each step's rollout at the step).
         collective: the other ranks (dynamic sampling's counts, the async metrics, the carried groups).
     """
@@ -75,16 +76,17 @@ class RolloutLoop:
         manager: RolloutManager,
         seeds: RolloutSeeds,
         n_samples: int,
-        sampling_params: Mapping[str, Any],
+        sampling: SamplingParams,
         val_n_samples: int = 1,
-        val_sampling_params: Mapping[str, Any] | None = None,
+        val_sampling: SamplingParams | None = None,
         schedule: AsyncRollouts | None = None,
         collective: Collective | None = None,
     ) -> None:
         self.manager, self.seeds, self.schedule = manager, seeds, schedule
         self.collective = collective or SingleProcess()
-        self.n_samples, self.sampling_params = n_samples, dict(sampling_params)
-        self.val_n_samples, self.val_sampling_params = val_n_samples, dict(val_sampling_params or {})
+        self.n_samples, self.sampling = n_samples, sampling
+        self.val_n_samples, self.val_sampling = val_n_samples, val_sampling or SamplingParams()
+        self.sampling_params, self.val_sampling_params = sampling.to_request(), self.val_sampling.to_request()
         self.ahead = RolloutsAhead(schedule.ahead) if schedule is not None else None
         self.version = 0
         """Updates in the policy's weights: the weight version pushed into the engines (checkpointed)."""
@@ -180,7 +182,7 @@ class RolloutLoop:
             rollout, waited = self.ahead.take(batch, self._submit)
         self.ahead.fill(batch, loader.batch_after, self._submit, limit=steps_left - 1)
         staleness = split_stale(rollout.trajectories, self.version, self.schedule.dropped_beyond)
-        batch.rollout = RolloutBatch(staleness.kept, rollout.stats)
+        batch.rollout = RolloutBatch(staleness.kept, rollout.stats, rollout.temperature)
         values = [float(v) for v in staleness.values]
         count = reduce(float(len(values)), "sum")
         metrics |= {
@@ -211,7 +213,7 @@ class RolloutLoop:
             ),
             "rollout/carried_in": self.collective.reduce(float(step.carried_in), "sum"),
         }
-        return RolloutBatch(step.trajectories, stats), step.waited, metrics
+        return RolloutBatch(step.trajectories, stats, self.sampling.temperature), step.waited, metrics
 
     def _note_carried(self, batch: PromptBatch) -> None:
         """Record which groups of ``batch`` every rank carries on, for the checkpoint (a resumed run regenerates

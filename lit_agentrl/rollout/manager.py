@@ -138,7 +138,7 @@ class RolloutManager:
     ) -> GroupedRollout:
         """:meth:`submit` with a future per row (its ``n_samples`` trajectories), so a step may take the groups that
         have finished and leave the rest running (``RolloutCallback.ready_fraction``, :mod:`lit_agentrl.rollout.tail`)."""
-        gate = self._checked_gate(len(rows), n_samples, sampling_params)
+        gate, _ = self._checked_gate(len(rows), n_samples, sampling_params)
         background = self.start_background()
         groups = [self._group(rows[g], g, n_samples, gate, sampling_params, seed) for g in range(len(rows))]
         return GroupedRollout([background.submit(group) for group in groups])
@@ -158,20 +158,22 @@ class RolloutManager:
     ) -> RolloutBatch:
         """``n_samples`` trajectories per row, row-major, with their statistics. ``seed`` seeds the rollout's
         sampling streams (with each trajectory's key) on engines that take it, whatever else runs beside it."""
-        gate = self._checked_gate(len(rows), n_samples, sampling_params)
+        gate, params = self._checked_gate(len(rows), n_samples, sampling_params)
         start, rewards_before = time.perf_counter(), self.reward_seconds
         groups = [self._group(rows[g], g, n_samples, gate, sampling_params, seed) for g in range(len(rows))]
         trajectories = [t for group in await asyncio.gather(*groups) for t in group]
         stats = summarize(trajectories, time.perf_counter() - start)
         stats.reward_seconds = self.reward_seconds - rewards_before  # with rollouts beside it, theirs too
-        return RolloutBatch(trajectories, stats)
+        return RolloutBatch(trajectories, stats, params.temperature)
 
-    def _checked_gate(self, num_rows: int, n_samples: int, sampling_params: Mapping[str, Any]) -> AdmissionGate:
-        """The rollout's admission gate, after checking its settings (before any trajectory starts)."""
+    def _checked_gate(
+        self, num_rows: int, n_samples: int, sampling_params: Mapping[str, Any]
+    ) -> tuple[AdmissionGate, SamplingParams]:
+        """The rollout's admission gate and its sampling parameters, checked before any trajectory starts."""
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
-        SamplingParams.from_dict(sampling_params)
-        return self._gate([(group, sample) for group in range(num_rows) for sample in range(n_samples)])
+        params = SamplingParams.from_dict(sampling_params)
+        return self._gate([(group, sample) for group in range(num_rows) for sample in range(n_samples)]), params
 
     async def _group(
         self,

@@ -130,7 +130,7 @@ def step_batch(tokenizer: Any, step: int, groups: int = 4, n: int = 4, split: st
         }
         for g in range(groups)
     ]
-    rollout = RolloutBatch(trajectories, RolloutStats(num_trajectories=len(trajectories)))
+    rollout = RolloutBatch(trajectories, RolloutStats(num_trajectories=len(trajectories)), temperature=1.0)
     return PromptBatch(rows=rows, epoch=0, index=step, split=split, rollout=rollout)
 
 

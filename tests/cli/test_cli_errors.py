@@ -9,7 +9,7 @@ from lit_agentrl.cli import EXIT_USER_ERROR, find_user_error, main
 from lit_agentrl.errors import UserInputError
 
 QUICKSTART = str(REPO_ROOT / "configs" / "quickstart.yaml")
-BAD_LR = ["fit", "--config", QUICKSTART, "--model.lr", "0"]  # refused when GRPOModule is built
+BAD_LR = ["fit", "--config", QUICKSTART, "--model.optimizer.lr", "0"]  # refused when GRPOModule is built
 
 
 def test_a_user_input_error_prints_one_message(capsys, monkeypatch):
@@ -18,14 +18,14 @@ def test_a_user_input_error_prints_one_message(capsys, monkeypatch):
         main(BAD_LR)
     assert exit_info.value.code == EXIT_USER_ERROR
     err = capsys.readouterr().err
-    assert err.splitlines()[0] == "lit-agentrl: error: model.lr must be > 0, got 0.0"
+    assert err.splitlines()[0] == "lit-agentrl: error: model.optimizer.lr must be > 0, got 0.0"
     assert "Traceback" not in err and len(err.splitlines()) <= 3
     assert "LIT_AGENTRL_TRACEBACK=1" in err
 
 
 def test_the_traceback_is_one_variable_away(monkeypatch):
     monkeypatch.setenv("LIT_AGENTRL_TRACEBACK", "1")
-    with pytest.raises(UserInputError, match=r"model\.lr must be > 0"):
+    with pytest.raises(UserInputError, match=r"model\.optimizer\.lr must be > 0"):
         main(BAD_LR)
 
 
@@ -54,20 +54,20 @@ def test_a_user_error_of_a_spawned_process_is_found():
 
     text = (
         "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
-        '  File "x.py", line 1, in f\nlit_agentrl.errors.UserInputError: model.lr must be > 0, got 0.0\n'
+        '  File "x.py", line 1, in f\nlit_agentrl.errors.UserInputError: model.optimizer.lr must be > 0, got 0.0\n'
     )
     found = find_user_error(ProcessRaisedException(text, 1, 1234))
-    assert found is not None and found.message == "model.lr must be > 0, got 0.0"
+    assert found is not None and found.message == "model.optimizer.lr must be > 0, got 0.0"
     assert find_user_error(ProcessRaisedException("ValueError: a bug", 1, 1234)) is None
 
 
 def test_a_parse_error_is_short(capsys):
     """jsonargparse's error, after a one-line usage (not the ~90 options: `fit --help` lists them)."""
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", QUICKSTART, "--model.lr", "abc"])
+        main(["fit", "--config", QUICKSTART, "--model.optimizer.lr", "abc"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert 'Parser key "model.lr"' in err and len(err.splitlines()) <= 6, err
+    assert 'Parser key "model.optimizer.lr"' in err and len(err.splitlines()) <= 6, err
 
 
 def test_a_renamed_key_is_refused_naming_its_replacement(capsys, tmp_path, monkeypatch):
@@ -89,4 +89,7 @@ def test_a_renamed_key_is_refused_naming_its_replacement(capsys, tmp_path, monke
     assert err[0].endswith(
         "the option --model.normalize_advantage_std: model.normalize_advantage_std has been replaced"
     )
-    assert err[1].startswith("hint: use model.advantage_std: sample, population")
+    assert err[1].startswith("hint: use model.loss.advantage_std: sample, population")
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", QUICKSTART, "--model.lr=0.1"])
+    assert capsys.readouterr().err.splitlines()[1] == "hint: use model.optimizer.lr"

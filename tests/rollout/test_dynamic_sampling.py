@@ -25,7 +25,7 @@ def fake_generate(rows, round_):
         for group, row in enumerate(rows)
         for sample in range(2)
     ]
-    return RolloutBatch(trajectories, RolloutStats())
+    return RolloutBatch(trajectories, RolloutStats(), temperature=1.0)
 
 
 def test_informative_groups_ignore_failed_trajectories():

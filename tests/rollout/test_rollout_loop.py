@@ -7,13 +7,14 @@ from dataclasses import dataclass
 import pytest
 
 from lit_agentrl.engines.hf import TransformersEngine
+from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.rollout.loop import RolloutLoop
 from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.rollout.schedule import AsyncRollouts
 from lit_agentrl.rollout.seeds import RolloutSeeds
 from lit_agentrl.types import PromptBatch
 
-SAMPLING = {"max_new_tokens": 3, "temperature": 1.0}
+SAMPLING = SamplingParams(max_new_tokens=3, temperature=1.0)
 
 
 def rows(step: int) -> list[dict]:

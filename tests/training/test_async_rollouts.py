@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.cli import main
+from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.rollout.loop import RolloutLoop
 from lit_agentrl.rollout.manager import RolloutManager
@@ -25,7 +26,7 @@ from lit_agentrl.rollout.seeds import RolloutSeeds
 
 STEPS = 5
 TRAINING = REPO_ROOT / "tests" / "training"
-CORRECTED = {"old_logprobs": "trainer", "rollout_correction": "tis"}
+CORRECTED = {"loss": {"old_logprobs": "trainer"}, "correction": {"kind": "tis"}}
 
 
 def async_config(folder, model_dir, *, schedule=None, model=None, steps=STEPS, **rollout):
@@ -228,7 +229,7 @@ def test_async_rollouts_cannot_share_the_trainers_gpu():
 
 def test_a_checkpoints_carried_groups_are_not_dropped_silently(scripted_engine_factory, tokenizer):
     manager = RolloutManager([scripted_engine_factory([])], tokenizer)
-    loop = RolloutLoop(manager, RolloutSeeds(0, 0), 2, {}, schedule=AsyncRollouts(ahead=1))  # carries no groups
+    loop = RolloutLoop(manager, RolloutSeeds(0, 0), 2, SamplingParams(), schedule=AsyncRollouts(ahead=1))  # no carrying
     with pytest.warns(UserWarning, match=r"left 3 prompt group\(s\) running .* will not train them"):
         loop.load_state_dict({"trained_steps": 2, "carried": {"epoch": 0, "index": 1, "groups": [[0, 2], [1]]}})
     assert loop.version == 2

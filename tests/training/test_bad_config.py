@@ -7,10 +7,11 @@ import shutil
 
 import pytest
 import yaml
-from support import quick_config
+from support import quick_config, read_csv
 
 from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.cli import main
+from lit_agentrl.config.training import Compute, Loss, Optimizer
 from lit_agentrl.module import GRPOModule
 
 
@@ -33,11 +34,16 @@ def callback_args(config: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_temperature_mismatch(tmp_path, quickstart_model_dir, capsys):
-    def edit(c):
-        callback_args(c)["sampling_params"]["temperature"] = 0.7
-
-    assert "model.rollout_temperature=1.0" in run_with(tmp_path, quickstart_model_dir, edit, capsys)
+def test_the_trainer_computes_log_probs_at_the_temperature_the_rollout_was_sampled_at(tmp_path, quickstart_model_dir):
+    """One temperature, the sampler's: the engine's log-probs (at 0.7) are the trainer's own, so the first update's
+    ratio is 1 (the trainer at 1.0 would be off by the temperature, ratio far from 1)."""
+    path = quick_config(tmp_path, quickstart_model_dir, steps=2)
+    config = yaml.safe_load(path.read_text())
+    callback_args(config)["sampling_params"]["temperature"] = 0.7
+    path.write_text(yaml.safe_dump(config))
+    main(["fit", "--config", str(path)])
+    rows = [r for r in read_csv(next((tmp_path / "logs").rglob("metrics.csv"))) if r.get("train/ratio_mean")]
+    assert abs(float(rows[0]["train/ratio_mean"]) - 1.0) < 1e-4 and abs(float(rows[0]["train/approx_kl"])) < 1e-4
 
 
 @pytest.mark.slow
@@ -88,24 +94,26 @@ def test_bad_callback_arguments(kwargs, fragment):
 
 
 @pytest.mark.parametrize(
-    "kwargs, fragment",
+    "build, fragment",
     [
-        ({"lr": 0}, "model.lr"),
-        ({"clip_ratio_low": 1.5}, "model.clip_ratio_low"),
-        ({"loss_aggregation": "sum"}, "model.loss_aggregation"),
-        ({"rollout_temperature": 0}, "model.rollout_temperature"),
-        ({"param_dtype": "float8"}, "model.param_dtype"),
+        (lambda: Optimizer(lr=0), r"model\.optimizer\.lr"),
+        (lambda: Loss(clip_ratio_low=1.5), r"model\.loss\.clip_ratio_low"),
+        (lambda: Loss(aggregation="sum"), r"model\.loss\.aggregation"),
+        (lambda: Compute(param_dtype="float8"), r"model\.compute\.param_dtype"),
+        (lambda: GRPOModule("unused", val_pass_k=[0]), r"model\.val_pass_k"),
     ],
 )
-def test_bad_module_arguments(kwargs, fragment):
+def test_bad_module_arguments(build, fragment):
     with pytest.raises(ValueError, match=fragment):
-        GRPOModule(model_path="unused", **kwargs)
+        build()
 
 
 def test_bf16_without_a_device_mesh_is_refused_not_ignored(quickstart_model_dir):
     """bf16 is FSDP2's mixed precision; without the strategy it used to train in fp32 silently."""
-    module = GRPOModule(str(quickstart_model_dir), param_dtype="bfloat16")
-    with pytest.raises(ValueError, match=r"model\.param_dtype=bfloat16 .* no device mesh.*ModelParallelStrategy"):
+    module = GRPOModule(str(quickstart_model_dir), compute=Compute(param_dtype="bfloat16"))
+    with pytest.raises(
+        ValueError, match=r"model\.compute\.param_dtype=bfloat16 .* no device mesh.*ModelParallelStrategy"
+    ):
         module.configure_model()
 
 

@@ -15,6 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lit_agentrl.batching import TrainingSample
+from lit_agentrl.config.training import Compute, Loss
 from lit_agentrl.logprobs import check_chunked_head, model_token_logprobs
 from lit_agentrl.losses import AGGREGATIONS
 from lit_agentrl.module import GRPOModule
@@ -33,10 +34,12 @@ def make_samples(vocab: int, seed: int = 0) -> list[TrainingSample]:
     return samples
 
 
-def gradients(module: GRPOModule, samples: list[TrainingSample], chunk_tokens: int) -> tuple[dict, dict]:
-    module.update = dataclasses.replace(module.update, logprob_chunk_tokens=chunk_tokens)
+def gradients(
+    module: GRPOModule, samples: list[TrainingSample], chunk_tokens: int, temperature: float = 1.0
+) -> tuple[dict, dict]:
+    module.compute = dataclasses.replace(module.compute, logprob_chunk_tokens=chunk_tokens)
     module.policy.zero_grad(set_to_none=True)
-    stats = module.accumulate_gradients(samples)
+    stats = module.accumulate_gradients(samples, temperature=temperature)
     grads = {name: p.grad.clone() for name, p in module.policy.named_parameters() if p.grad is not None}
     return stats, grads
 
@@ -54,10 +57,8 @@ def test_chunked_loss_and_gradients_equal_the_full_logits_path(tiny_model_dir, s
     torch.manual_seed(0)
     module = GRPOModule(
         str(tiny_model_dir),
-        loss_aggregation=aggregation,
-        sequence_packing=packing,
-        micro_batch_tokens=64,
-        loss_norm_length=16,
+        loss=Loss(aggregation=aggregation, norm_length=16),
+        compute=Compute(micro_batch_tokens=64, sequence_packing=packing),
     )
     module.configure_model()
     plain_stats, plain = gradients(module, samples, chunk_tokens=0)
@@ -72,14 +73,14 @@ def test_chunked_loss_and_gradients_equal_the_full_logits_path(tiny_model_dir, s
 def test_entropy_bonus_kl_and_temperature_through_the_chunks(tiny_model_dir, samples):
     torch.manual_seed(0)
     module = GRPOModule(
-        str(tiny_model_dir), entropy_coef=0.05, kl_coef=0.1, rollout_temperature=0.7, micro_batch_tokens=64
+        str(tiny_model_dir), loss=Loss(entropy_coef=0.05, kl_coef=0.1), compute=Compute(micro_batch_tokens=64)
     )
     module.configure_model()
     with torch.no_grad():  # a policy that has moved from the reference, so the KL term has a gradient
         for param in module.policy.parameters():
             param.add_(0.01 * torch.randn_like(param))
-    plain_stats, plain = gradients(module, samples, chunk_tokens=0)
-    chunked_stats, chunked = gradients(module, samples, chunk_tokens=5)
+    plain_stats, plain = gradients(module, samples, chunk_tokens=0, temperature=0.7)
+    chunked_stats, chunked = gradients(module, samples, chunk_tokens=5, temperature=0.7)
     for name in plain:
         torch.testing.assert_close(chunked[name], plain[name], rtol=1e-4, atol=1e-6, msg=name)
     assert plain_stats["train/kl"] > 0
@@ -138,5 +139,5 @@ def test_a_model_that_changes_its_logits_after_the_head_is_refused(policy_model)
 
 
 def test_bad_chunk_setting_names_the_key(tiny_model_dir):
-    with pytest.raises(ValueError, match=r"model\.logprob_chunk_tokens must be >= 0"):
-        GRPOModule(str(tiny_model_dir), logprob_chunk_tokens=-1)
+    with pytest.raises(ValueError, match=r"model\.compute\.logprob_chunk_tokens must be >= 0"):
+        Compute(logprob_chunk_tokens=-1)

@@ -19,16 +19,17 @@ from support import free_port
 from torch.distributed.device_mesh import init_device_mesh
 
 from lit_agentrl.batching import TrainingSample
+from lit_agentrl.config.training import Compute, Correction, Loss
 from lit_agentrl.losses import AGGREGATIONS
 from lit_agentrl.module import GRPOModule
 
 pytestmark = pytest.mark.slow  # starts two processes
 
 CASES = {
-    **{aggregation: {"loss_aggregation": aggregation, "loss_norm_length": 16} for aggregation in AGGREGATIONS},
+    **{aggregation: {"loss": Loss(aggregation=aggregation, norm_length=16)} for aggregation in AGGREGATIONS},
     # The trainer's old log-probs (recomputed under FSDP2) with TIS, and GSPO's sequence ratio with dual-clip.
-    "trainer+tis": {"old_logprobs": "trainer", "rollout_correction": "tis", "rollout_is_threshold": 1.5},
-    "gspo+dual-clip": {"policy_ratio": "sequence", "clip_ratio_c": 3.0, "loss_aggregation": "seq-mean-token-mean"},
+    "trainer+tis": {"loss": Loss(old_logprobs="trainer"), "correction": Correction(kind="tis", threshold=1.5)},
+    "gspo+dual-clip": {"loss": Loss(policy_ratio="sequence", clip_ratio_c=3.0, aggregation="seq-mean-token-mean")},
 }
 RANK_SHARES = ((5, 7, 3, 9), (31, 40))
 """Sample lengths per rank: 24 tokens in 4 sequences against 71 in 2 (and 1 micro-batch against 2 at 64 tokens)."""
@@ -49,7 +50,7 @@ def make_samples(vocab: int) -> list[TrainingSample]:
 
 def gradients(module: GRPOModule, samples: list[TrainingSample]) -> dict[str, torch.Tensor]:
     module.policy.zero_grad(set_to_none=True)
-    if module.objective.old_logprobs == "trainer":
+    if module.loss.old_logprobs == "trainer":
         module.recompute_old_logprobs(samples)
     module.accumulate_gradients(samples)
     grads = {}
@@ -67,7 +68,7 @@ def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
         results: dict[str, object] = {}
         for case, settings in CASES.items():
-            module = GRPOModule(model_dir, micro_batch_tokens=BUDGET, **settings)
+            module = GRPOModule(model_dir, compute=Compute(micro_batch_tokens=BUDGET), **settings)
             module._device_mesh = mesh  # what ModelParallelStrategy sets before configure_model
             module.configure_model()
             samples = make_samples(module.policy.config.vocab_size)
@@ -93,7 +94,7 @@ def test_one_and_two_processes_give_the_same_gradients(tiny_model_dir, tmp_path)
     two = torch.load(tmp_path / "two_process.pt")
     assert "tensor_parallel_size=2 is not supported" in str(two["tensor_parallel"])
     for case, settings in CASES.items():
-        module = GRPOModule(str(tiny_model_dir), micro_batch_tokens=BUDGET, **settings)
+        module = GRPOModule(str(tiny_model_dir), compute=Compute(micro_batch_tokens=BUDGET), **settings)
         module.configure_model()
         one = gradients(module, make_samples(module.policy.config.vocab_size))
         assert one.keys() == two[case].keys()

@@ -220,7 +220,7 @@ def test_k_above_val_n_samples_is_refused():
     module = GRPOModule("unused", val_pass_k=[1, 4])
     with pytest.raises(UserInputError, match=r"model.val_pass_k=\[1, 4\].*RolloutCallback.val_n_samples=2"):
         RolloutCallback(val_n_samples=2).setup(None, module, "validate")  # type: ignore[arg-type]  # before any engine
-    check_module(module, temperature=1.0, val_n_samples=4)
+    check_module(module, val_n_samples=4)
     with pytest.raises(UserInputError, match=r"model\.val_pass_k values must be >= 1"):
         GRPOModule("unused", val_pass_k=[0])
 

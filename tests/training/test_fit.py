@@ -151,7 +151,7 @@ def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quick
         settings["data"]["dynamic_sampling"] = dynamic_sampling
         # An entropy bonus gives every step a gradient, whatever its rewards: a tiny random model may earn none in
         # 4 steps, and then the equality below would hold trivially.
-        settings["model"]["entropy_coef"] = 0.01
+        settings["model"]["loss"] = {"entropy_coef": 0.01}
         config.write_text(yaml.safe_dump(settings))
         main(["fit", "--config", str(config), *args])
         return folder

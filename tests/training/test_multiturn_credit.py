@@ -16,6 +16,7 @@ import lit_agentrl.module as module_file
 import lit_agentrl.objective as objective_file
 from lit_agentrl.agents.guess_digit import GuessDigitAgentGraph
 from lit_agentrl.batching import TrainingSample, collate, plan_micro_batches, prepare_samples
+from lit_agentrl.config.training import Compute
 from lit_agentrl.module import GRPOModule
 from lit_agentrl.objective import micro_batch_loss
 from lit_agentrl.types import Trajectory
@@ -59,10 +60,10 @@ def logprob_grads(module: GRPOModule, samples: list[TrainingSample], plans, monk
     """d loss / d log-prob of every token of every sample, through the module's own micro-batch loss."""
     seen: list[torch.Tensor] = []
 
-    def spy(objective, micro, policy, *args, **kwargs):
+    def spy(loss, correction, micro, policy, *args, **kwargs):
         policy.logprobs.retain_grad()
         seen.append(policy.logprobs)
-        return micro_batch_loss(objective, micro, policy, *args, **kwargs)
+        return micro_batch_loss(loss, correction, micro, policy, *args, **kwargs)
 
     monkeypatch.setattr(module_file, "micro_batch_loss", spy)
     scale = objective_file.loss_scale(samples)
@@ -70,7 +71,7 @@ def logprob_grads(module: GRPOModule, samples: list[TrainingSample], plans, monk
     for plan in plans:
         order = [i for row in plan for i in row]
         micro = collate([[samples[i] for i in row] for row in plan], module.model.config.pad_token_id)
-        loss, _ = module._micro_loss(micro, scale)
+        loss, _ = module._micro_loss(micro, scale, temperature=1.0)
         loss.backward()
         for k, index in enumerate(order):  # sequence k of the micro-batch is samples[index], tokens in order
             grads[index] = seen[-1].grad[micro.sequence_index == k]
@@ -84,7 +85,7 @@ async def test_turn_2_and_3_tokens_get_gradient_with_the_advantage_sign(
     trajectories = [await play(scripted_engine_factory, g, i) for i, g in enumerate(GAMES)]
     assert [t.reward for t in trajectories] == [1.0, 0.0, 0.0, 1.0, 1.0]
     prepared = prepare_samples(trajectories)
-    module = GRPOModule(str(tiny_model_dir), entropy_coef=0.0, sequence_packing=packing)
+    module = GRPOModule(str(tiny_model_dir), compute=Compute(sequence_packing=packing))
     module.configure_model()
     plans = plan_micro_batches(prepared.samples, token_budget=10_000, packing=packing)
     if packing:

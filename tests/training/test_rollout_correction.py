@@ -4,12 +4,12 @@ and the correction sees it; an fp32 engine agrees with the trainer, and the corr
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 import torch
 
 from lit_agentrl.batching import collate, prepare_samples
+from lit_agentrl.config.training import Correction, Loss
 from lit_agentrl.correction import correction_weights
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.module import GRPOModule
@@ -54,7 +54,9 @@ def update(module: GRPOModule, trajectories: list[Trajectory]) -> tuple[dict[str
 
 @pytest.fixture(scope="module")
 def trainer(tiny_model_dir) -> GRPOModule:
-    module = GRPOModule(str(tiny_model_dir), old_logprobs="trainer", rollout_correction="tis", rollout_is_threshold=C)
+    module = GRPOModule(
+        str(tiny_model_dir), loss=Loss(old_logprobs="trainer"), correction=Correction("tis", threshold=C)
+    )
     module.configure_model()
     return module
 
@@ -79,10 +81,10 @@ def test_an_fp32_engine_agrees_and_the_correction_changes_nothing(tiny_model_dir
     # Engine and trainer compute in other batch shapes, so their log-probs may differ in the last bits (~1e-7): KL
     # ~1e-14 (computed in float64), far below bf16's ~1e-6.
     assert corrected_stats["train/mismatch_kl"] < 1e-9 and corrected_stats["train/is_clipped_frac"] == 0.0
-    trainer.objective = dataclasses.replace(trainer.objective, rollout_correction=None)
+    correction, trainer.correction = trainer.correction, None
     try:
         _, plain = update(trainer, trajectories)
     finally:
-        trainer.objective = dataclasses.replace(trainer.objective, rollout_correction="tis")
+        trainer.correction = correction
     for name, grad in plain.items():
         torch.testing.assert_close(corrected[name], grad, rtol=1e-5, atol=1e-7, msg=name)

@@ -26,8 +26,10 @@ def test_fit_with_the_sglang_engine_syncs_weights_each_step(tmp_path, quickstart
     config = yaml.safe_load(path.read_text())
     rollout = config["trainer"]["callbacks"][0]["init_args"]
     rollout.update({"engine": "sglang", "engine_kwargs": dict(SGLANG_CPU)})
-    config["model"]["weight_decay"] = 0.05  # every step moves the weights, so a missed sync would show
-    config["model"]["lr"] = 0.05
+    config["model"]["optimizer"] = {
+        "weight_decay": 0.05,
+        "lr": 0.05,
+    }  # every step moves the weights: a missed sync shows
     path.write_text(yaml.safe_dump(config))
     main(["fit", "--config", str(path)])
 
@@ -56,7 +58,7 @@ def test_async_fit_against_an_sglang_server_generates_one_step_ahead(tmp_path, q
             engine_kwargs={"urls": [f"http://127.0.0.1:{port}"]},
             async_rollouts={"ahead": 1, "partial": partial_rollouts},
         )
-        config["model"].update(old_logprobs="trainer", rollout_correction="tis")
+        config["model"].update(loss={"old_logprobs": "trainer"}, correction={"kind": "tis"})
         path.write_text(yaml.safe_dump(config))
         main(["fit", "--config", str(path)])
     finally:

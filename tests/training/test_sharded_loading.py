@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from lit_agentrl.config.training import Compute, Loss
 from lit_agentrl.module import GRPOModule
 
 pytestmark = pytest.mark.slow  # saves a 536 MB model and starts two processes
@@ -56,7 +57,8 @@ def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
-        module = GRPOModule(model_dir, sequence_packing=False, logprob_chunk_tokens=0)  # no load-time check forwards
+        plain = Compute(sequence_packing=False, logprob_chunk_tokens=0)  # no load-time check forwards
+        module = GRPOModule(model_dir, compute=plain)
         module._device_mesh = mesh  # as ModelParallelStrategy does before configure_model
         reset_peak()
         before = memory_status("VmRSS")
@@ -64,7 +66,7 @@ def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
         grown = memory_status("VmHWM") - before
         loaded = {"policy": full_state(module.policy), "buffers": dict(module.policy.named_buffers())}
         del module
-        with_reference = GRPOModule(model_dir, kl_coef=0.1, sequence_packing=False, logprob_chunk_tokens=0)
+        with_reference = GRPOModule(model_dir, loss=Loss(kl_coef=0.1), compute=plain)
         with_reference._device_mesh = mesh
         with_reference.configure_model()
         assert with_reference.reference is not None

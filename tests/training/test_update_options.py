@@ -31,7 +31,9 @@ def test_non_finite_gradient_skips_the_update_and_is_counted(tmp_path, quickstar
         {"class_path": "probes.WeightWatcher", "init_args": {"path": str(watch)}},
     ]
     # Weight decay makes every applied step move the weights, whatever the rewards were.
-    rows = fit(tmp_path, quickstart_model_dir, steps=3, callbacks=callbacks, weight_decay=0.01)
+    rows = fit(
+        tmp_path, quickstart_model_dir, steps=3, callbacks=callbacks, optimizer={"lr": 5e-4, "weight_decay": 0.01}
+    )
     records = [json.loads(line) for line in Path(watch).read_text().splitlines()]
     # Batch 1 is poisoned: its step is skipped (weights unchanged), so 3 optimizer steps take 4 batches.
     assert [r["changed"] for r in records] == [True, False, True, True]
@@ -44,14 +46,9 @@ def test_kl_entropy_bonus_mini_batches_and_sequence_aggregation(tmp_path, quicks
         tmp_path,
         quickstart_model_dir,
         steps=4,
-        kl_coef=0.1,
-        entropy_coef=0.01,
-        mini_batches=2,
-        loss_aggregation="seq-mean-token-mean",
-        advantage_std="none",
-        micro_batch_tokens=16,
-        warmup_steps=2,
-        lr_schedule="cosine",
+        optimizer={"lr": 5e-4, "mini_batches": 2, "warmup_steps": 2, "lr_schedule": "cosine"},
+        loss={"kl_coef": 0.1, "entropy_coef": 0.01, "aggregation": "seq-mean-token-mean", "advantage_std": "none"},
+        compute={"micro_batch_tokens": 16},
     )
     assert len(rows) == 2  # two rollout batches, two optimizer steps each
     assert all(float(r["train/kl"]) >= 0.0 for r in rows)

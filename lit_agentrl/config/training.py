@@ -1,0 +1,276 @@
+"""The update's settings as typed groups, the ``model.*`` keys of a config (``GRPOModule``'s arguments).
+
+Each group is a frozen dataclass whose docstring documents its keys (``lit-agentrl fit --help`` prints them), built by
+keyword and checked when built, so a bad value fails before any weight loads, naming its key::
+
+    model:
+      model_path: .cache/quickstart-model
+      optimizer: {lr: 5.0e-4, grad_clip: 1.0}
+      loss: {entropy_coef: 0.01, old_logprobs: trainer}
+      correction: {kind: tis}
+      compute: {micro_batch_tokens: 16384, param_dtype: bfloat16}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from lit_agentrl.correction import CORRECTIONS, LEVELS, MIS_WEIGHTS
+from lit_agentrl.errors import UserInputError
+from lit_agentrl.losses import ADVANTAGE_STDS, AGGREGATIONS
+
+LR_SCHEDULES = ("constant", "cosine")
+OLD_LOGPROBS = ("engine", "trainer")
+POLICY_RATIOS = ("token", "sequence")
+TRUNCATED = ("keep", "mask", "penalty")
+PARAM_DTYPES = ("float32", "bfloat16")
+
+
+def _check(checks: Iterable[tuple[bool, str]]) -> None:
+    for ok, message in checks:
+        if not ok:
+            raise UserInputError(message)
+
+
+def _one_of(key: str, value: object, valid: tuple[str, ...]) -> tuple[bool, str]:
+    return value in valid, f"{key} must be one of {list(valid)}, got {value!r}"
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """AdamW, its schedule and its steps (``model.optimizer``).
+
+    Args:
+        lr: AdamW's learning rate.
+        weight_decay: AdamW's weight decay.
+        betas: AdamW's betas.
+        warmup_steps: linear warm-up, in optimizer steps.
+        lr_schedule: ``constant`` or ``cosine`` (to 10% of ``lr`` at the last step) after the warm-up.
+        grad_clip: the largest gradient norm (None: no clipping; the norm is still logged). A step whose norm is not
+            finite is skipped and counted (``train/skipped_steps``).
+        mini_batches: optimizer steps per rollout batch, its samples split evenly; importance ratios are taken
+            against the old log-probs (``model.loss.old_logprobs``).
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    grad_clip: float | None = 1.0
+    mini_batches: int = 1
+
+    def __post_init__(self) -> None:
+        _check(
+            [
+                (self.lr > 0, f"model.optimizer.lr must be > 0, got {self.lr}"),
+                (self.warmup_steps >= 0, f"model.optimizer.warmup_steps must be >= 0, got {self.warmup_steps}"),
+                _one_of("model.optimizer.lr_schedule", self.lr_schedule, LR_SCHEDULES),
+                (
+                    self.grad_clip is None or self.grad_clip > 0,
+                    f"model.optimizer.grad_clip must be > 0 or null, got {self.grad_clip}",
+                ),
+                (self.mini_batches >= 1, f"model.optimizer.mini_batches must be >= 1, got {self.mini_batches}"),
+            ]
+        )
+
+
+@dataclass(frozen=True)
+class Loss:
+    """The GRPO loss (``model.loss``); the README's option table gives each formula and its source.
+
+    Args:
+        clip_ratio_low: PPO's clip below (ratio >= 1 - low).
+        clip_ratio_high: PPO's clip above (ratio <= 1 + high); above ``clip_ratio_low`` is DAPO's clip-higher.
+        clip_ratio_c: dual-clip's c (> 1): a token with a negative advantage A loses at most -c A; None: off.
+        kl_coef: weight of the k3 KL to a frozen copy of the initial policy (0: none, and no copy is made).
+        entropy_coef: weight of an entropy bonus (0: the entropy is logged only).
+        aggregation: how token losses become the loss: ``token-mean``, ``seq-mean-token-mean``,
+            ``seq-mean-token-sum``, Dr. GRPO's ``seq-mean-token-sum-norm`` (with ``norm_length``), or any name in
+            :data:`lit_agentrl.losses.AGGREGATIONS`.
+        norm_length: Dr. GRPO's constant per-sequence normaliser, needed by ``seq-mean-token-sum-norm``.
+        policy_ratio: ``token`` (PPO/GRPO) or ``sequence`` (GSPO: one ratio per sequence, the geometric mean of its
+            tokens', which needs ``aggregation: seq-mean-token-mean``, GSPO's mean over sequences).
+        advantage_std: what a group's centred rewards are divided by: ``sample`` (the unbiased n - 1 std, as TRL,
+            verl and OpenRLHF do), ``population`` (the n std, as ChatLearn does) or ``none`` (Dr. GRPO).
+        old_logprobs: the PPO ratio's denominator: ``engine`` (the rollout's own log-probs) or ``trainer`` (the
+            policy's before the update, with the same micro-batches and packing).
+    """
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float | None = None
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    aggregation: str = "token-mean"
+    norm_length: int | None = None
+    policy_ratio: Literal["token", "sequence"] = "token"
+    advantage_std: Literal["sample", "population", "none"] = "sample"
+    old_logprobs: Literal["engine", "trainer"] = "engine"
+
+    def __post_init__(self) -> None:
+        _check(
+            [
+                (
+                    0 <= self.clip_ratio_low < 1,
+                    f"model.loss.clip_ratio_low must be in [0, 1), got {self.clip_ratio_low}",
+                ),
+                (self.clip_ratio_high >= 0, f"model.loss.clip_ratio_high must be >= 0, got {self.clip_ratio_high}"),
+                (
+                    self.clip_ratio_c is None or self.clip_ratio_c > 1,
+                    f"model.loss.clip_ratio_c (dual-clip) must be > 1 or null, got {self.clip_ratio_c}",
+                ),
+                (self.kl_coef >= 0, f"model.loss.kl_coef must be >= 0, got {self.kl_coef}"),
+                (self.entropy_coef >= 0, f"model.loss.entropy_coef must be >= 0, got {self.entropy_coef}"),
+                _one_of("model.loss.aggregation", self.aggregation, tuple(AGGREGATIONS)),
+                (
+                    self.aggregation != "seq-mean-token-sum-norm" or (self.norm_length or 0) > 0,
+                    "model.loss.aggregation seq-mean-token-sum-norm divides by a constant length: set "
+                    f"model.loss.norm_length (e.g. the max_new_tokens of sampling), got {self.norm_length}",
+                ),
+                _one_of("model.loss.policy_ratio", self.policy_ratio, POLICY_RATIOS),
+                (
+                    self.policy_ratio != "sequence" or self.aggregation == "seq-mean-token-mean",
+                    "model.loss.policy_ratio: sequence is GSPO, whose objective is a mean over sequences: set "
+                    f"model.loss.aggregation: seq-mean-token-mean (got {self.aggregation!r}, which weighs a sequence "
+                    "by its length)",
+                ),
+                _one_of("model.loss.advantage_std", self.advantage_std, ADVANTAGE_STDS),
+                _one_of("model.loss.old_logprobs", self.old_logprobs, OLD_LOGPROBS),
+            ]
+        )
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the loss needs the reference model's log-probs."""
+        return self.kl_coef > 0
+
+    @property
+    def scale_length(self) -> float:
+        """Dr. GRPO's constant length (1 for every other aggregation)."""
+        return float(self.norm_length or 1)
+
+
+@dataclass(frozen=True)
+class Correction:
+    """Importance weights between the engine that sampled the tokens (mu) and the trainer's policy before the update
+    (pi_old), multiplying each token's loss (``model.correction``; :mod:`lit_agentrl.correction`). Needs
+    ``model.loss.old_logprobs: trainer``.
+
+    Args:
+        kind: ``tis`` (truncated IS: min(rho, C)) or ``mis`` (masked IS: min(rho, C) inside [C_low, C], 0 outside).
+        level: what rho is: ``token`` (each token's pi_old / mu), ``sequence`` (the product of its tokens', shared by
+            them) or ``geometric`` (``mis`` only: sequences kept or dropped by their geometric-mean ratio).
+        threshold: C, where ``tis`` truncates and the top of ``mis``'s band.
+        threshold_low: C_low, the bottom of ``mis``'s band (None: 1 / C).
+        mis_weight: what ``mis`` leaves on the tokens it keeps: ``importance`` (their truncated importance weight, the
+            published masked importance sampling) or ``one`` (pure rejection sampling).
+    """
+
+    kind: Literal["tis", "mis"] = "tis"
+    level: Literal["token", "sequence", "geometric"] = "token"
+    threshold: float = 2.0
+    threshold_low: float | None = None
+    mis_weight: Literal["importance", "one"] = "importance"
+
+    def __post_init__(self) -> None:
+        _check(
+            [
+                _one_of("model.correction.kind", self.kind, CORRECTIONS),
+                _one_of("model.correction.level", self.level, LEVELS),
+                (
+                    self.kind != "tis" or self.level != "geometric",
+                    "model.correction.kind: tis weighs tokens by an importance weight, and a geometric-mean ratio is "
+                    "not one: set model.correction.level to sequence (the product of the token ratios) or token, or "
+                    "model.correction.kind: mis to drop sequences by their geometric mean",
+                ),
+                (self.threshold > 0, f"model.correction.threshold must be > 0, got {self.threshold}"),
+                (
+                    self.threshold_low is None or 0 <= self.threshold_low < self.threshold,
+                    f"model.correction.threshold_low must be in [0, threshold), got {self.threshold_low}",
+                ),
+                _one_of("model.correction.mis_weight", self.mis_weight, MIS_WEIGHTS),
+            ]
+        )
+
+
+@dataclass(frozen=True)
+class Overlong:
+    """What trajectories cut by the length limit get (``model.overlong``; DAPO's two options).
+
+    Args:
+        mode: ``keep`` (trained like finished ones), ``mask`` (they count in their group's advantages but carry no
+            loss) or ``penalty`` (DAPO's soft overlong punishment, added to every trajectory's reward).
+        max_length: L_max, the generated-token budget the penalty compares against: the model's tokens summed over
+            all of a trajectory's turns (in a multi-turn run, the trajectory's whole budget, not one turn's).
+        buffer: L_cache: the penalty is 0 up to ``max_length - buffer`` tokens, then falls linearly to
+            ``-penalty_factor`` at ``max_length`` (and stays there beyond).
+        penalty_factor: the penalty at ``max_length``, negated.
+    """
+
+    mode: Literal["keep", "mask", "penalty"] = "keep"
+    max_length: int | None = None
+    buffer: int = 0
+    penalty_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(
+            [
+                _one_of("model.overlong.mode", self.mode, TRUNCATED),
+                (
+                    self.mode != "penalty" or bool(self.max_length and 0 < self.buffer <= self.max_length),
+                    "model.overlong.mode: penalty needs model.overlong.max_length (the generated-token budget, e.g. "
+                    "max_new_tokens) and 0 < model.overlong.buffer <= it, got "
+                    f"{self.max_length} and {self.buffer}",
+                ),
+            ]
+        )
+
+    def penalty(self, generated: int) -> float:
+        """DAPO's R_length for ``generated`` tokens (0 unless ``mode`` is ``penalty``)."""
+        if self.mode != "penalty":
+            return 0.0
+        assert self.max_length is not None
+        start = self.max_length - self.buffer
+        return -self.penalty_factor * min(max(generated - start, 0) / self.buffer, 1.0)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How the update is computed: memory against time (``model.compute``).
+
+    Args:
+        micro_batch_tokens: the token budget of one forward/backward (rows x padded length).
+        sequence_packing: pack several sequences into each row (position ids restart per sequence), so training pays
+            for almost no padding; checked against unpacked forwards when the model loads.
+        logprob_chunk_tokens: the output head runs on the trained tokens only, this many at a time, its logits
+            recomputed in backward (:mod:`lit_agentrl.logprobs`); 0 computes full logits at every position, as the
+            model's own forward does (more memory, no recomputation).
+        gradient_checkpointing: recompute activations in backward to save memory.
+        param_dtype: ``float32``, or ``bfloat16`` for FSDP2's mixed precision (fp32 master weights and reductions;
+            needs ``trainer.strategy: ModelParallelStrategy``).
+    """
+
+    micro_batch_tokens: int = 16384
+    sequence_packing: bool = True
+    logprob_chunk_tokens: int = 1024
+    gradient_checkpointing: bool = False
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+
+    def __post_init__(self) -> None:
+        _check(
+            [
+                (
+                    self.micro_batch_tokens >= 1,
+                    f"model.compute.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}",
+                ),
+                (
+                    self.logprob_chunk_tokens >= 0,
+                    "model.compute.logprob_chunk_tokens must be >= 0 (0: full logits), got "
+                    f"{self.logprob_chunk_tokens}",
+                ),
+                _one_of("model.compute.param_dtype", self.param_dtype, PARAM_DTYPES),
+            ]
+        )
