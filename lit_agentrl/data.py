@@ -30,7 +30,7 @@ _MAX_ERRORS_SHOWN = 10
 _SHOWN_CHARS = 80
 _ROLES = ("system", "user", "assistant", "tool")
 _MESSAGE = "{'role': 'user', 'content': '...'}"
-_ROW_HINT = "a row needs 'agent_name' and 'prompt' (a list of chat messages); see the README's 'Data' section"
+_ROW_HINT = "a row needs 'agent_name' and 'prompt' (a list of chat messages); see docs/data.md"
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Rollout metrics reduced across ranks with torchmetrics, under the stable keys documented in the README."""
+"""Rollout metrics reduced across ranks with torchmetrics, under the stable keys documented in docs/metrics.md."""
 
 from __future__ import annotations
 

@@ -49,14 +49,14 @@ class GRPOModule(L.LightningModule):
 
     Args:
         model_path: local directory of a Hugging Face causal LM (weights, config, tokenizer).
-        optimizer: AdamW, its schedule and its steps (:class:`~lit_agentrl.config.training.Optimizer`).
-        loss: the GRPO loss (:class:`~lit_agentrl.config.training.Loss`).
+        optimizer: AdamW, its schedule and its steps (``lit_agentrl.config.training.Optimizer``).
+        loss: the GRPO loss (``lit_agentrl.config.training.Loss``).
         correction: importance weights between the engine and the trainer (None: off;
-            :class:`~lit_agentrl.config.training.Correction`); needs ``loss.old_logprobs: trainer``.
-        overlong: what trajectories cut by the length limit get (:class:`~lit_agentrl.config.training.Overlong`).
-        compute: memory against time (:class:`~lit_agentrl.config.training.Compute`).
+            ``lit_agentrl.config.training.Correction``); needs ``loss.old_logprobs: trainer``.
+        overlong: what trajectories cut by the length limit get (``lit_agentrl.config.training.Overlong``).
+        compute: memory against time (``lit_agentrl.config.training.Compute``).
         val_pass_k: the k of the validation's ``pass@k``, ``maj@k`` and ``mean@k`` (logged per ``data_source`` and
-            written as a table, see :mod:`lit_agentrl.evaluation`); default ``[1]``; each at most
+            written as a table, see ``lit_agentrl.evaluation``); default ``[1]``; each at most
             ``RolloutCallback.val_n_samples`` (checked by the callback at setup).
 
     Log-probs are computed at the temperature each rollout was sampled at (``RolloutBatch.temperature``, the

@@ -240,3 +240,27 @@ def running_http_engine(model_dir: Path, timeout_s: float = 300) -> Iterator[Any
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+CHROMIUM_INSTALL = (
+    "`apt-get install -y chromium` and `pip install playwright==1.65.2` (not `playwright install`: the test drives "
+    "the system's Chromium)"
+)
+
+
+def chromium_path() -> str:
+    """The system Chromium's path. Without it (or Playwright) the test skips, saying so, except where
+    LIT_AGENTRL_REQUIRE_BROWSER=1 (CI, which installs Chromium): there it fails."""
+    import importlib.util
+    import shutil
+
+    import pytest
+
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path and importlib.util.find_spec("playwright") is not None:
+        return path
+    if os.environ.get("LIT_AGENTRL_REQUIRE_BROWSER") == "1":
+        pytest.fail(
+            f"LIT_AGENTRL_REQUIRE_BROWSER=1, and the viewer's browser test needs Chromium and Playwright: {CHROMIUM_INSTALL}"
+        )
+    pytest.skip(f"no Chromium here: the browser tests need {CHROMIUM_INSTALL}; .ci/run installs it")

@@ -116,5 +116,5 @@ def _refuse_weak_sandbox(runner: CodeRunner, cfg: Any) -> None:
         f"namespace: not root and no unprivileged user namespaces; isolation: {runner.isolation}), so only its "
         "audit hook would keep model-written code from the machine's files, and determined code gets past it",
         hint=f"set `{WEAK_SANDBOX_KEY}: true` in the agent YAML to accept that, run as root or where user "
-        "namespaces are enabled, or plug in a remote `code_runner` (see the README, 'The code sandbox')",
+        "namespaces are enabled, or plug in a remote `code_runner` (see docs/sandbox.md)",
     )

@@ -41,7 +41,7 @@ class RolloutCallback(Callback):
     Args:
         engine: a registered engine name: ``transformers`` or ``sglang`` (one engine per rank), ``sglang_http``
             (already running SGLang servers shared by all ranks; rank 0 pushes the weights), or your own
-            (``@register_engine("name")`` on a :class:`~lit_agentrl.engines.RolloutEngine` subclass).
+            (``@register_engine("name")`` on a ``lit_agentrl.engines.RolloutEngine`` subclass).
         engine_kwargs: passed to the engine's constructor (e.g. ``max_running_requests``, ``dtype``,
             ``mem_fraction_static``; ``urls`` for ``sglang_http``).
         engine_modules: modules (dotted names or ``.py`` paths) imported at setup, before the engines are
@@ -58,14 +58,14 @@ class RolloutCallback(Callback):
             ranks) failed, quoting the most common reasons, instead of training on what is left.
         colocate: the engine shares the trainer's GPU: its memory (weights and KV cache) is released outside
             rollouts and resumed around the weight sync (needs SGLang's ``enable_memory_saver``); see
-            :mod:`lit_agentrl.rollout.colocation`. The sync then runs before each rollout, not after each step.
+            ``lit_agentrl.rollout.colocation``. The sync then runs before each rollout, not after each step.
         offload_trainer: in colocated mode, move the trainer's parameters and optimizer state (and the reference's)
             to host memory while the engine generates (default: on when ``colocate`` is; needs ``colocate``).
         flat_reward_warn_steps: warn (naming the likely causes) when every prompt group's rewards have been equal
             for this many steps in a row, as a missing ground truth or the wrong reward function makes them (0: off).
         async_rollouts: generate the next steps' rollouts while this step trains: how far ahead, whether weight pushes
             land in requests in flight, whether a step leaves its long tail to the next one
-            (:class:`~lit_agentrl.rollout.schedule.AsyncRollouts`). None (default): each step's rollout, then its
+            (``lit_agentrl.rollout.schedule.AsyncRollouts``). None (default): each step's rollout, then its
             update, then the weight sync.
 
     The reward function is the data module's ``reward_fn``. Example (YAML, under ``trainer.callbacks``)::

@@ -15,7 +15,7 @@ unbroken one trains. The gate removes timing from the composition:
 
 So the engine's steps, and which requests share them, follow from the requests alone. The price: after a step in
 which requests finished, the engine waits until their agents have run and asked again (or finished), where a
-timing-driven engine would go on decoding the others (see README, "Checkpoints and resume").
+timing-driven engine would go on decoding the others (see docs/checkpoints.md).
 """
 
 from __future__ import annotations

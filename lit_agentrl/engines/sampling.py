@@ -48,7 +48,7 @@ class SamplingParams:
     engines: ``frequency_penalty`` and ``presence_penalty`` in [-2, 2] (0: off), ``repetition_penalty`` in
     (0, 2] (1: off), ``stop``: a string or a list of at most 32 strings, which ends generation when the decoded
     output contains one (needs the model's tokenizer; SGLang engines run with ``skip_tokenizer_init`` and so
-    cannot honour it, see :meth:`check_without_tokenizer`).
+    cannot honour it, see ``check_without_tokenizer``).
     """
 
     max_new_tokens: int = 128

@@ -1,7 +1,7 @@
 """``next_digit``: the quickstart's task. The prompt is ``a =``; the right answer is ``(a + 1) % 10``.
 
 A random tiny model finds the format (one digit, then end of turn) by chance, and GRPO alone then learns
-the rule; see MEASURED facts in the README. The completion is the decoded text after the prompt.
+the rule (the quickstart, docs/getting-started.md). The completion is the decoded text after the prompt.
 """
 
 from __future__ import annotations

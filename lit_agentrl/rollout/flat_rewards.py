@@ -10,7 +10,7 @@ from __future__ import annotations
 from lit_agentrl.errors import UserInputError
 
 LIKELY_CAUSES = (
-    "the rows' ground truth is missing or under a field the reward function does not read (README, 'Data')",
+    "the rows' ground truth is missing or under a field the reward function does not read (docs/data.md)",
     "the reward function is not the one for the rows' data_source (data.reward_fn, or the agent's reward_score)",
     "answers are cut off by sampling_params.max_new_tokens before they can be scored (see rollout/truncated_frac)",
     "the task is too hard or too easy for the model at this temperature (data.dynamic_sampling drops flat groups)",

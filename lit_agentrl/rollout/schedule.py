@@ -31,7 +31,7 @@ class AsyncRollouts:
         ready_fraction: with ``partial``, a step trains once this fraction of its prompt groups have finished; the
             rest keep generating and are trained with the next step. 1.0 (default): every group.
         max_staleness: trajectories whose oldest tokens are more updates older than the policy are dropped and
-            counted; default :attr:`staleness`, what the schedule produces (it may not be lower).
+            counted; default ``staleness``, what the schedule produces (it may not be lower).
 
     Example (YAML, under ``RolloutCallback``'s ``init_args``)::
 

@@ -127,7 +127,7 @@ def _refuse_weak_sandbox(sandbox: PythonSandbox, allowed: bool) -> None:
         f"mount namespace: not root and no unprivileged user namespaces; isolation: {sandbox.isolation}), so only "
         "its audit hook would keep model-written code from the machine's files",
         hint="call lit_agentrl.tools.set_code_runner(allow_weak_sandbox=True) to accept that, run where the "
-        "namespaces are allowed, or pass a remote runner (see the README, 'The code sandbox')",
+        "namespaces are allowed, or pass a remote runner (see docs/sandbox.md)",
     )
     report_fault(str(refusal))  # an agent that answers any tool error with "tool execute error" still fails loudly
     raise refusal

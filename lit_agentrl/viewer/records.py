@@ -1,6 +1,6 @@
 """The trajectory log's format: one JSON object per trajectory, one line each, in ``trajectories/rank{R}.jsonl``.
 
-Every field is documented in the README ("Trajectory logs and the viewer"); :data:`FORMAT_VERSION` changes when a
+Every field is documented in docs/viewer.md; :data:`FORMAT_VERSION` changes when a
 field changes meaning.
 """
 

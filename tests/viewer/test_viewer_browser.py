@@ -3,34 +3,15 @@ lists every trajectory, filters, shows model-written HTML as text, folds tool ca
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shutil
 from pathlib import Path
 
-import pytest
+from support import chromium_path
 
 from lit_agentrl.viewer.cli import view_main
 
 SCREENSHOT_COPY = Path("/tmp/viewer_screenshot.png")
-INSTALL = (
-    "`apt-get install -y chromium` and `pip install playwright==1.65.2` (not `playwright install`: the test drives "
-    "the system's Chromium)"
-)
-
-
-def chromium() -> str:
-    """The system Chromium's path. Without it (or Playwright) the test skips, saying so, except where
-    LIT_AGENTRL_REQUIRE_BROWSER=1 (CI, which installs Chromium): there it fails."""
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path and importlib.util.find_spec("playwright") is not None:
-        return path
-    if os.environ.get("LIT_AGENTRL_REQUIRE_BROWSER") == "1":
-        pytest.fail(
-            f"LIT_AGENTRL_REQUIRE_BROWSER=1, and the viewer's browser test needs Chromium and Playwright: {INSTALL}"
-        )
-    pytest.skip(f"no Chromium here: the viewer's browser test needs {INSTALL}; .ci/run installs it")
 
 
 def expected_counts(run: Path) -> dict[str, int]:
@@ -47,7 +28,7 @@ def expected_counts(run: Path) -> dict[str, int]:
 def test_viewer_page_in_chromium(logged_run, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    executable = chromium()
+    executable = chromium_path()
     out = tmp_path / "view.html"
     assert view_main([str(logged_run), "--out", str(out)]) == 0
     counts = expected_counts(logged_run)

@@ -12,8 +12,7 @@ exceptions, timeouts, limits and refused operations all come back as a :class:`S
 :meth:`SandboxResult.as_tool_text` is what the model is shown. Anything with
 ``async def arun(code) -> SandboxResult`` is a :class:`CodeRunner`, e.g. a remote sandbox service's client.
 
-What the isolation protects against, layer by layer, and what it does not: README.md, section
-"The code sandbox". The modules:
+What the isolation protects against, layer by layer, and what it does not: docs/sandbox.md. The modules:
 
 * :mod:`.limits`: :class:`SandboxLimits`, :func:`limits_from_mapping`;
 * :mod:`.results`: :class:`SandboxResult`, :class:`CodeRunner`, output capture, exit status to result;

@@ -14,7 +14,7 @@ tuples, read-only mapping proxies and each other. They read no global name (a te
 so rebinding the guard's module names changes nothing. Replacing a function's ``__code__`` or defaults is
 audited, and the hook refuses it for the sandbox's own functions; ``sys.addaudithook`` hooks can be neither
 removed nor listed. What stays possible is reading the hook's state (harmless), and the interpreter-level
-attacks the README lists: the kernel's layers are the boundary, this hook the second layer.
+attacks docs/sandbox.md lists: the kernel's layers are the boundary, this hook the second layer.
 """
 
 from __future__ import annotations

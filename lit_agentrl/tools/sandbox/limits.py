@@ -24,7 +24,7 @@ class SandboxLimits:
     max_processes: int = 0
     """Extra processes/threads the code may create. 0: none (``os.fork`` refused by the audit hook, and
     ``RLIMIT_NPROC`` where the kernel enforces it: not for root, hence the privilege drop). Above 0,
-    ``os.fork`` is allowed, limited by ``RLIMIT_NPROC`` (uid-wide, see the README's sandbox section);
+    ``os.fork`` is allowed, limited by ``RLIMIT_NPROC`` (uid-wide, see docs/sandbox.md);
     running other programs stays refused, and leftovers are killed by process group and by command line."""
     file_size_mb: int = 16
     """Largest file the code may write (``RLIMIT_FSIZE``)."""

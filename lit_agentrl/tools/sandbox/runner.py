@@ -83,7 +83,7 @@ _probe_lock = threading.Lock()
 
 
 class PythonSandbox:
-    """Runs Python code in a separate, limited, isolated process (the README's sandbox section says what
+    """Runs Python code in a separate, limited, isolated process (docs/sandbox.md says what
     that protects against, and what not).
 
     Args:
@@ -153,13 +153,13 @@ class PythonSandbox:
     @property
     def network_isolated(self) -> bool:
         """True when runs get their own network namespace (kernel-enforced: no network at all). Either way
-        the audit hook refuses sockets, which determined code could bypass (see the README)."""
+        the audit hook refuses sockets, which determined code could bypass (see docs/sandbox.md)."""
         return bool(self.isolation["netns"])
 
     @property
     def filesystem_isolated(self) -> bool:
         """True when runs see only their own minimal root (kernel-enforced); False: the audit hook alone
-        keeps the code from the machine's files, which determined code can get past (see the README). Code
+        keeps the code from the machine's files, which determined code can get past (see docs/sandbox.md). Code
         running as root (no privilege drop) keeps the capabilities to mount its way out: False then too."""
         iso = self.isolation
         return iso["filesystem"] == MOUNT_NAMESPACE and (bool(iso["dropped"]) or os.geteuid() != 0)
