@@ -23,6 +23,17 @@ set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "lit-agentrl-hypothesis")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+SGLANG_TEST_TIMEOUT_S = 1800
+"""An SGLang test's limit: a server starts in 11-18 s on a quiet 2-core CPU, and several times that on a loaded one
+(pytest's default of 300 s, pyproject.toml, failed one under load); a hang still fails."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("sglang") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SGLANG_TEST_TIMEOUT_S))
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """What decides this run's bits and skips, at the top of every run: the thread count, and the optional parts
     (their tests skip without them, saying why; CI provides each and requires it)."""

@@ -219,12 +219,14 @@ def start_http_server(model_dir: Path, port: int) -> subprocess.Popen:
 
 
 @contextmanager
-def running_http_engine(model_dir: Path, timeout_s: float = 300) -> Iterator[Any]:
+def running_http_engine(model_dir: Path, timeout_s: float | None = None) -> Iterator[Any]:
     """An SGLang server over ``model_dir`` (:func:`start_http_server`) and an ``SGLangHTTPEngine`` on it; both stopped
-    afterwards. A server that dies while starting fails with the end of its log."""
+    afterwards. A server that dies while starting fails with the end of its log; one that never becomes healthy fails
+    after ``timeout_s`` (default: the project's own server start limit, generous for a loaded machine)."""
     from lit_agentrl.engines.sglang import SGLangHTTPEngine
-    from lit_agentrl.engines.sglang_group import wait_until_healthy
+    from lit_agentrl.engines.sglang_group import STARTUP_TIMEOUT_S, wait_until_healthy
 
+    timeout_s = STARTUP_TIMEOUT_S if timeout_s is None else timeout_s
     port = free_port()
     server = start_http_server(model_dir, port)
     try:
@@ -238,7 +240,16 @@ def running_http_engine(model_dir: Path, timeout_s: float = 300) -> Iterator[Any
         finally:
             engine.shutdown()
     finally:
-        server.terminate()
+        stop_server(server)
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if the server has not exited a minute later (one still starting may ignore SIGTERM)."""
+    server.terminate()
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
         server.wait(timeout=60)
 
 

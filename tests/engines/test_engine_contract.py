@@ -54,7 +54,7 @@ def contract_engine(request, tiny_model_dir):
         yield engine
         engine.shutdown()
         return
-    with running_http_engine(tiny_model_dir, timeout_s=180) as engine:
+    with running_http_engine(tiny_model_dir) as engine:
         yield engine
 
 

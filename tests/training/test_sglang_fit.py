@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import SGLANG_CPU, free_port, quick_config, read_csv, require_sglang, start_http_server
+from support import SGLANG_CPU, free_port, quick_config, read_csv, require_sglang, start_http_server, stop_server
 
 from lit_agentrl.cli import main
 from lit_agentrl.engines.sglang_group import wait_until_healthy
@@ -49,7 +49,7 @@ def test_async_fit_against_an_sglang_server_generates_one_step_ahead(tmp_path, q
     port = free_port()
     server = start_http_server(quickstart_model_dir, port)
     try:
-        wait_until_healthy(f"http://127.0.0.1:{port}", server, timeout_s=180)
+        wait_until_healthy(f"http://127.0.0.1:{port}", server)  # the project's start limit: loaded machines are slow
         path = quick_config(tmp_path, quickstart_model_dir, steps=4, n_samples=8)
         config = yaml.safe_load(path.read_text())
         rollout = config["trainer"]["callbacks"][0]["init_args"]
@@ -62,8 +62,7 @@ def test_async_fit_against_an_sglang_server_generates_one_step_ahead(tmp_path, q
         path.write_text(yaml.safe_dump(config))
         main(["fit", "--config", str(path)])
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        stop_server(server)
     rows = [r for r in read_csv(next((tmp_path / "logs").rglob("metrics.csv"))) if r.get("rollout/reward_mean")]
     staleness = [float(r["rollout/staleness_mean"]) for r in rows]
     if partial_rollouts:  # the push may land before or while the next rollout runs: its tokens are 0 or 1 step old
