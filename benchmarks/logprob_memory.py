@@ -37,7 +37,7 @@ def measure(model_dir: str, tokens: int, chunk: int, trained: float) -> dict[str
     import torch
     from transformers import AutoModelForCausalLM
 
-    from lit_agentrl.logprobs import model_token_logprobs
+    from lit_agentrl.training.logprobs import model_token_logprobs
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -20,11 +20,11 @@ import torch
 from shared import SHARED_MODEL
 from transformers import AutoModelForCausalLM
 
-from lit_agentrl.batching import TrainingSample, collate, plan_micro_batches
 from lit_agentrl.config.training import Loss
-from lit_agentrl.losses import token_logprobs
 from lit_agentrl.models.tiny import save_tiny_model
-from lit_agentrl.objective import loss_scale, micro_batch_loss
+from lit_agentrl.training.batching import TrainingSample, collate, plan_micro_batches
+from lit_agentrl.training.losses import token_logprobs
+from lit_agentrl.training.objective import loss_scale, micro_batch_loss
 
 LOSS = Loss(entropy_coef=0.0)
 

@@ -11,6 +11,7 @@ command exits with status 2, as for a command-line error; ``LIT_AGENTRL_TRACEBAC
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import statistics
@@ -29,7 +30,8 @@ from lit_agentrl.callbacks import StepProgressBar, TrajectoryLog
 from lit_agentrl.config.renamed import refuse_renamed_keys
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.plan import GB, PlanInputs, TrainerLayout, inputs_from_run, plan_memory, trainer_layout
+from lit_agentrl.training.module import GRPOModule
 
 REWARD_KEY = "rollout/reward_mean"
 DEFAULT_ROOT_DIR = "outputs"
@@ -40,7 +42,7 @@ EXIT_USER_ERROR = 2  # argparse's (and jsonargparse's) status for a bad command 
 # saved config) goes under outputs/.
 TRAINER_DEFAULTS: dict[str, Any] = {
     "use_distributed_sampler": False,
-    "plugins": [{"class_path": "lit_agentrl.checkpoint.AtomicCheckpointIO"}],
+    "plugins": [{"class_path": "lit_agentrl.training.checkpoint.AtomicCheckpointIO"}],
     "default_root_dir": DEFAULT_ROOT_DIR,
 }
 HELP_EPILOG = (
@@ -99,8 +101,6 @@ class AgentRLCLI(LightningCLI):
         if settings.get("skip_memory_plan") or not _plans_gpu_memory(settings):
             return
         import torch
-
-        from lit_agentrl.plan import inputs_from_run, plan_memory, trainer_layout
 
         gpu_memory = torch.cuda.get_device_properties(0).total_memory
         rollout = next((c for c in self.trainer.callbacks if type(c).__name__ == "RolloutCallback"), None)  # type: ignore[attr-defined]
@@ -288,6 +288,61 @@ def build_cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) ->
     )
 
 
+# ---------------------------------------------------------------------------------------------- lit-agentrl plan
+
+
+def inputs_from_args(args: list[str], gpu_memory: int = 80 * GB, devices: int | None = None) -> PlanInputs:
+    """:class:`PlanInputs` of the run ``lit-agentrl fit ARGS`` would start (``--config FILE``, ``--KEY VALUE``): the
+    CLI parses the config and builds the module, the data module and the callbacks, but no Trainer and no model.
+    ``devices`` replaces the config's devices and data-parallel size."""
+    run = parse_run(args)
+    layout = trainer_layout(run.trainer)
+    if devices is not None:
+        layout = TrainerLayout(devices, layout.nodes, devices)
+    rollout = next((c for c in run.callbacks if type(c).__name__ == "RolloutCallback"), None)
+    return inputs_from_run(run.module, rollout, run.data, layout, gpu_memory)
+
+
+def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> PlanInputs:
+    """:func:`inputs_from_args` of a config given as a dict (written to a temporary file for the CLI to parse)."""
+    import tempfile
+
+    import yaml
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(config, f)
+    try:
+        return inputs_from_args(["--config", f.name], gpu_memory)
+    finally:
+        Path(f.name).unlink()
+
+
+def plan_main(args: list[str]) -> int:
+    """``lit-agentrl plan``: print the plan of a config; 0 when it fits, 1 when not."""
+    parser = argparse.ArgumentParser(prog="lit-agentrl plan", description="Estimate a run's memory per GPU.")
+    parser.add_argument("--config", required=True, help="the run config (as for fit)")
+    parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU, in 10^9 bytes")
+    parser.add_argument("--devices", type=int, help="override trainer.devices and the data-parallel size")
+    parser.add_argument(
+        "--override", action="append", default=[], metavar="KEY=VALUE", help="e.g. model.loss.kl_coef=0.1"
+    )
+    ns = parser.parse_args(args)
+    for item in ns.override:
+        if "=" not in item:
+            parser.error(f"--override {item!r}: expected KEY=VALUE")
+    cli_args = ["--config", ns.config, *(f"--{item}" for item in ns.override)]
+    try:
+        inputs = inputs_from_args(cli_args, int(ns.gpu_memory_gb * GB), ns.devices)
+    except ValueError as exc:
+        print(f"lit-agentrl plan: {ns.config}: {exc}", file=sys.stderr)
+        return 2
+    plan = plan_memory(inputs)
+    print(f"{ns.config}: {inputs.num_params / 1e9:.2f}B parameters, {inputs.data_parallel_size} GPU(s), per GPU:")
+    print(plan.table())
+    sys.stdout.flush()
+    return 0 if plan.fits else 1
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 
@@ -319,8 +374,6 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else args
     try:
         if argv[:1] == ["plan"]:  # memory estimate from the config alone, before LightningCLI (see lit_agentrl.plan)
-            from lit_agentrl.plan import plan_main
-
             raise SystemExit(plan_main(argv[1:]))
         if argv[:1] == ["view"]:  # a run's trajectory log as one HTML page (see lit_agentrl.viewer)
             from lit_agentrl.viewer.cli import view_main

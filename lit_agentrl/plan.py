@@ -10,7 +10,7 @@ read), then models what the code does *today*:
   to the end of backward (FSDP2 does not reshard the root after forward), and so does its unsharded gradient.
   ``kl_coef > 0`` adds a frozen fp32 reference, sharded the same way, and its logits.
 * Activations per micro-batch of ``micro_batch_tokens`` tokens: see :func:`layer_activation_bytes_per_token`.
-* The log-probs (``lit_agentrl.logprobs``). Chunked (``logprob_chunk_tokens > 0``, the default): one chunk's
+* The log-probs (``lit_agentrl.training.logprobs``). Chunked (``logprob_chunk_tokens > 0``, the default): one chunk's
   logits in ``param_dtype``, their fp32 upcast, the entropy's two fp32 temporaries, and in backward's
   recomputation the logits' fp32 and ``param_dtype`` gradients; nothing [tokens, vocab] is kept. Full
   (``logprob_chunk_tokens: 0``): logits for every token in ``param_dtype``, their fp32 upcast (kept for the
@@ -23,7 +23,7 @@ read), then models what the code does *today*:
   default in colocated mode) the sharded parameters and AdamW states leave the GPU while SGLang generates
   (``lit_agentrl.rollout.colocation``): the AdamW states before the weight sync, the parameters after it.
 * Host memory at load: under FSDP2 (more than one rank) rank 0 alone reads one fp32 copy on the CPU and broadcasts
-  it, each rank keeping its shards (``lit_agentrl.loading``); one process loads each model whole (twice with a
+  it, each rank keeping its shards (``lit_agentrl.training.loading``); one process loads each model whole (twice with a
   reference).
 
 Not modelled: SGLang's memory outside ``mem_fraction_static`` (CUDA graphs, its activations), NCCL buffers, the
@@ -33,10 +33,8 @@ on CPU against real tensors (tests/test_plan.py), not on a GPU.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,7 +207,7 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     # One engine serves a group of tp_size ranks (one rank when the node holds one).
     ranks_per_engine = x.engine_tp_size if x.ranks_per_node > 1 else 1
     worst = x.prompts_per_step // n * ranks_per_engine * x.n_samples * (x.max_prompt_length + x.max_new_tokens)
-    if n > 1:  # rank 0 reads one copy for the policy and the reference and broadcasts it (lit_agentrl.loading)
+    if n > 1:  # rank 0 reads one copy for the policy and the reference and broadcasts it (lit_agentrl.training.loading)
         f["host memory at load, rank 0"] = f["host memory at load, per node"] = 4 * p
     else:  # one process loads each model whole
         f["host memory at load, rank 0"] = f["host memory at load, per node"] = 4 * p * (2 if x.kl_coef > 0 else 1)
@@ -375,57 +373,3 @@ def inputs_from_run(
         max_new_tokens=rollout.sampling.max_new_tokens,
         ranks_per_node=layout.devices,
     )
-
-
-def inputs_from_args(args: list[str], gpu_memory: int = 80 * GB, devices: int | None = None) -> PlanInputs:
-    """:class:`PlanInputs` of the run ``lit-agentrl fit ARGS`` would start (``--config FILE``, ``--KEY VALUE``): the
-    CLI parses the config and builds the module, the data module and the callbacks, but no Trainer and no model.
-    ``devices`` replaces the config's devices and data-parallel size."""
-    from lit_agentrl.cli import parse_run
-
-    run = parse_run(args)
-    layout = trainer_layout(run.trainer)
-    if devices is not None:
-        layout = TrainerLayout(devices, layout.nodes, devices)
-    rollout = next((c for c in run.callbacks if type(c).__name__ == "RolloutCallback"), None)
-    return inputs_from_run(run.module, rollout, run.data, layout, gpu_memory)
-
-
-def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> PlanInputs:
-    """:func:`inputs_from_args` of a config given as a dict (written to a temporary file for the CLI to parse)."""
-    import tempfile
-
-    import yaml
-
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(config, f)
-    try:
-        return inputs_from_args(["--config", f.name], gpu_memory)
-    finally:
-        Path(f.name).unlink()
-
-
-def plan_main(args: list[str]) -> int:
-    """``lit-agentrl plan``: print the plan of a config; 0 when it fits, 1 when not."""
-    parser = argparse.ArgumentParser(prog="lit-agentrl plan", description="Estimate a run's memory per GPU.")
-    parser.add_argument("--config", required=True, help="the run config (as for fit)")
-    parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU, in 10^9 bytes")
-    parser.add_argument("--devices", type=int, help="override trainer.devices and the data-parallel size")
-    parser.add_argument(
-        "--override", action="append", default=[], metavar="KEY=VALUE", help="e.g. model.loss.kl_coef=0.1"
-    )
-    ns = parser.parse_args(args)
-    for item in ns.override:
-        if "=" not in item:
-            parser.error(f"--override {item!r}: expected KEY=VALUE")
-    cli_args = ["--config", ns.config, *(f"--{item}" for item in ns.override)]
-    try:
-        inputs = inputs_from_args(cli_args, int(ns.gpu_memory_gb * GB), ns.devices)
-    except ValueError as exc:
-        print(f"lit-agentrl plan: {ns.config}: {exc}", file=sys.stderr)
-        return 2
-    plan = plan_memory(inputs)
-    print(f"{ns.config}: {inputs.num_params / 1e9:.2f}B parameters, {inputs.data_parallel_size} GPU(s), per GPU:")
-    print(plan.table())
-    sys.stdout.flush()
-    return 0 if plan.fits else 1

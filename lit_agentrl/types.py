@@ -69,7 +69,7 @@ class Trajectory:
 
 @dataclass
 class RolloutStats:
-    """Aggregates of one rollout batch (the logged ``rollout/*`` metrics come from :class:`~lit_agentrl.metrics.RolloutMetrics`)."""
+    """Aggregates of one rollout batch (the logged ``rollout/*`` metrics come from :class:`~lit_agentrl.rollout.metrics.RolloutMetrics`)."""
 
     num_trajectories: int = 0
     num_failed: int = 0

@@ -278,7 +278,7 @@ def synthetic_samples(count: int, length: int, vocab: int) -> list[Any]:
     """``count`` sequences of ``length`` trained tokens each (loss on every token, so 6 x params x tokens holds)."""
     import torch
 
-    from lit_agentrl.batching import TrainingSample
+    from lit_agentrl.training.batching import TrainingSample
 
     g = torch.Generator().manual_seed(0)
     old = -math.log(vocab)  # what a random-init policy gives a token
@@ -326,13 +326,13 @@ def sharded_module(profile: Profile, model_dir: Path, device: Any, mesh: Any) ->
     """The policy as a run configures it: packed sequences (its load-time packing check runs, at the bf16
     tolerance under bf16) and the chunked log-prob head at its default chunk."""
     from lit_agentrl.config.training import Compute
-    from lit_agentrl.module import GRPOModule
+    from lit_agentrl.training.module import GRPOModule
 
     compute = Compute(micro_batch_tokens=profile.micro_batch_tokens, param_dtype=profile.param_dtype)  # type: ignore[arg-type]
     module = GRPOModule(str(model_dir), compute=compute)
     module._device_mesh = mesh  # what ModelParallelStrategy sets before configure_model
     module.to(device)
-    module.configure_model()  # sharded on the meta device, then filled from the checkpoint (lit_agentrl.loading)
+    module.configure_model()  # sharded on the meta device, then filled from the checkpoint (lit_agentrl.training.loading)
     return module
 
 
@@ -593,8 +593,8 @@ def training_plan_inputs(profile: Profile, model_dir: Path, gpu_memory: int) -> 
     """Row 1's settings as the planner's inputs; the transformers engine adds no modelled GPU memory."""
     from lit_agentrl.callbacks import RolloutCallback
     from lit_agentrl.config.training import Compute
-    from lit_agentrl.module import GRPOModule
     from lit_agentrl.plan import TrainerLayout, inputs_from_run
+    from lit_agentrl.training.module import GRPOModule
 
     compute = Compute(
         micro_batch_tokens=profile.micro_batch_tokens,
@@ -610,7 +610,8 @@ def measure_plan(
     profile: Profile, model_dir: Path, workdir: Path, train: Row, fit: Row, gpu_memory: int | None
 ) -> tuple[dict[str, Any], str]:
     """The planner's training and generating peaks beside rows 1 and 3's measurements, with relative errors."""
-    from lit_agentrl.plan import inputs_from_config, plan_memory
+    from lit_agentrl.cli import inputs_from_config
+    from lit_agentrl.plan import plan_memory
 
     memory = gpu_memory or 80 * GB  # on CPU the planner's default GPU; the peaks do not depend on it
     trained = plan_memory(training_plan_inputs(profile, model_dir, memory)).phases

@@ -10,10 +10,16 @@ import copy
 import pytest
 import torch
 
-from lit_agentrl.batching import TrainingSample, collate, plan_micro_batches, prepare_samples, split_mini_batches
 from lit_agentrl.config.training import Compute, Loss
-from lit_agentrl.losses import token_logprobs
-from lit_agentrl.module import GRPOModule, check_packing_support
+from lit_agentrl.training.batching import (
+    TrainingSample,
+    collate,
+    plan_micro_batches,
+    prepare_samples,
+    split_mini_batches,
+)
+from lit_agentrl.training.losses import token_logprobs
+from lit_agentrl.training.module import GRPOModule, check_packing_support
 from lit_agentrl.types import Trajectory
 
 LENGTHS = (5, 40, 9, 23, 31, 7, 12, 3)

@@ -11,10 +11,10 @@ from support import REPO_ROOT
 
 from lit_agentrl.agents import load_agent_cfg
 from lit_agentrl.callbacks import StepProgressBar
-from lit_agentrl.checkpoint import AtomicCheckpointIO
 from lit_agentrl.cli import build_cli
 from lit_agentrl.data import AgentPromptDataModule
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.training.checkpoint import AtomicCheckpointIO
+from lit_agentrl.training.module import GRPOModule
 
 RUN_CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
 AGENT_CONFIGS = sorted((REPO_ROOT / "configs" / "agents").glob("*.yaml"))

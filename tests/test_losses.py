@@ -1,4 +1,4 @@
-"""The GRPO maths in ``lit_agentrl.losses`` against hand-computed numbers.
+"""The GRPO maths in ``lit_agentrl.training.losses`` against hand-computed numbers.
 
 Every expected value below is written out by hand (or with plain ``math``) for a tiny input, never by
 re-running the same torch expressions, so a wrong formula, a swapped sign or a wrong reduction fails.
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from lit_agentrl.losses import (
+from lit_agentrl.training.losses import (
     LossScale,
     aggregate,
     clipped_policy_loss,

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from lit_agentrl import losses
-from lit_agentrl.batching import TrainingSample, collate
 from lit_agentrl.config.training import Loss
-from lit_agentrl.losses import LossScale
-from lit_agentrl.objective import loss_scale, micro_batch_loss
+from lit_agentrl.training import losses
+from lit_agentrl.training.batching import TrainingSample, collate
+from lit_agentrl.training.losses import LossScale
+from lit_agentrl.training.objective import loss_scale, micro_batch_loss
 
 # Two sequences of 2 trained tokens each over a vocabulary of 2. Zero logits: every token has p = 1/2.
 SAMPLES = [

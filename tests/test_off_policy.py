@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from lit_agentrl.batching import TrainingSample, prepare_samples
 from lit_agentrl.config.training import Compute, Correction, Loss, Optimizer, Overlong
-from lit_agentrl.correction import correction_weights
-from lit_agentrl.losses import LossScale, aggregate, clipped_policy_loss
+from lit_agentrl.training.batching import TrainingSample, prepare_samples
+from lit_agentrl.training.correction import correction_weights
+from lit_agentrl.training.losses import LossScale, aggregate, clipped_policy_loss
 from lit_agentrl.types import Trajectory
 
 LOG = math.log
@@ -184,7 +184,7 @@ def test_gspo_loss_is_the_mean_over_sequences_of_the_clipped_sequence_objective(
 
 
 def test_rollout_correction_needs_the_trainers_old_logprobs():
-    from lit_agentrl.module import GRPOModule
+    from lit_agentrl.training.module import GRPOModule
 
     with pytest.raises(ValueError, match=r"needs model\.loss\.old_logprobs: trainer"):
         GRPOModule("unused", correction=Correction(kind="tis"))
@@ -208,7 +208,7 @@ def test_missing_engine_logprobs_are_an_error_naming_the_agent_not_zeros():
 
 
 def test_the_trainers_old_logprobs_make_the_first_update_exactly_on_policy(tiny_model_dir):
-    from lit_agentrl.module import GRPOModule
+    from lit_agentrl.training.module import GRPOModule
 
     module = GRPOModule(str(tiny_model_dir), loss=Loss(old_logprobs="trainer"), compute=Compute(micro_batch_tokens=32))
     module.configure_model()
@@ -225,7 +225,7 @@ def test_the_trainers_old_logprobs_make_the_first_update_exactly_on_policy(tiny_
 
 
 def test_one_mini_batch_takes_the_old_logprobs_from_its_own_forward_exactly_as_recomputing_them(tiny_model_dir):
-    from lit_agentrl.module import GRPOModule
+    from lit_agentrl.training.module import GRPOModule
 
     g = torch.Generator().manual_seed(1)
     samples = []
@@ -306,7 +306,7 @@ def test_masked_truncated_trajectories_count_in_advantages_but_carry_no_loss():
 
 
 def test_the_truncated_fraction_is_logged():
-    from lit_agentrl.metrics import RolloutMetrics
+    from lit_agentrl.rollout.metrics import RolloutMetrics
 
     trajectories = [finished(0, 1.0, 5, False), finished(0, 0.0, 9, True), finished(0, 0.0, 4, False)]
     assert RolloutMetrics().compute(trajectories, seconds=1.0)["rollout/truncated_frac"] == pytest.approx(1 / 3)

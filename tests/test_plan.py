@@ -12,11 +12,10 @@ import yaml
 from support import REPO_ROOT
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from lit_agentrl.cli import main
+from lit_agentrl.cli import inputs_from_config, main
 from lit_agentrl.plan import (
     GB,
     PlanInputs,
-    inputs_from_config,
     model_shapes,
     outside_layers_activation_bytes_per_token,
     plan_memory,
@@ -263,7 +262,7 @@ CHUNK_PEAK = """
 import sys, torch
 from pathlib import Path
 from transformers import AutoModelForCausalLM, Qwen3Config
-from lit_agentrl.logprobs import model_token_logprobs
+from lit_agentrl.training.logprobs import model_token_logprobs
 
 tokens, chunk = int(sys.argv[1]), int(sys.argv[2])
 config = Qwen3Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=1,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -35,8 +34,9 @@ from lit_agentrl.agents.multimodal import (
     widen,
 )
 from lit_agentrl.agents.tool_parser import parse_tool_calls
+from lit_agentrl.context import current_trajectory
 from lit_agentrl.engines.base import output_logprobs
-from lit_agentrl.processors import image_token_id
+from lit_agentrl.models.processors import image_token_id
 
 _PROMPT_CACHE_SIZE = 4096
 
@@ -57,11 +57,6 @@ def find_last_ai_index(messages: Sequence[Any]) -> int:
     return -1
 
 
-RUN_SAMPLING_PARAMS: ContextVar[dict[str, Any] | None] = ContextVar("lit_agentrl_run_sampling_params", default=None)
-"""The sampling parameters of the trajectory being run (the rollout manager sets them for each trajectory's task):
-what :class:`ChatModel` uses when an agent calls it without ``sampling_params``."""
-
-
 class ChatModel(BaseChatModel):
     """LangChain chat model over an engine with SGLang's ``async_generate`` API.
 
@@ -69,7 +64,7 @@ class ChatModel(BaseChatModel):
         model: a name for the model (``model_name``).
         llm: the rollout engine.
         tokenizer: the policy tokenizer, with a chat template.
-        processor: a vision-language policy's processor (:func:`lit_agentrl.processors.load_processor`); None for
+        processor: a vision-language policy's processor (:func:`lit_agentrl.models.processors.load_processor`); None for
             text models. Messages with image content are rendered through it (the processor's chat template, the
             image processor, each placeholder widened to the image's tokens: :mod:`~lit_agentrl.agents.multimodal`),
             and the engine gets the images as ``image_data``; without one, an image fails the call with a clear error.
@@ -154,8 +149,8 @@ class ChatModel(BaseChatModel):
         """The call's ``sampling_params``, else the run's: never the engine's defaults, which would sample at
         another temperature or length than the trainer assumes."""
         params = kwargs.get("sampling_params")
-        if params is None:
-            params = RUN_SAMPLING_PARAMS.get()
+        if params is None and (trajectory := current_trajectory()) is not None:
+            params = trajectory.sampling_params
         if params is None:
             raise ValueError(
                 "ChatModel.ainvoke was called without sampling_params, outside a rollout that would supply them: pass "

@@ -11,7 +11,7 @@ an image fails its trajectory with a clear error.
 Image parts may be written in any of the usual layouts: ``{"type": "image", "image": X}`` (Qwen's),
 ``{"type": "image_url", "image_url": {"url": X}}`` (OpenAI chat), ``{"type": "input_image", "image_url": X}``
 (OpenAI responses), LangChain's ``{"type": "image", "url"|"path"|"base64": X}``; X is a path, a ``file://`` or
-``data:`` URL, bytes, a ``{"bytes"}``/``{"path"}`` dict or a PIL image (:func:`lit_agentrl.processors.load_image`).
+``data:`` URL, bytes, a ``{"bytes"}``/``{"path"}`` dict or a PIL image (:func:`lit_agentrl.models.processors.load_image`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from langchain_core.messages import convert_to_openai_messages
 
-from lit_agentrl.processors import expand_image_pads, load_image
+from lit_agentrl.models.processors import expand_image_pads, load_image
 
 IMAGE_PART_TYPES = frozenset({"image", "image_url", "input_image"})
 """``type`` of a content part holding an image: LangChain's standard block, OpenAI chat, OpenAI responses."""

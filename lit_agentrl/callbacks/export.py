@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import AutoTokenizer
 
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.training.module import GRPOModule
 
 
 class HFExportCallback(Callback):

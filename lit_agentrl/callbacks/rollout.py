@@ -16,23 +16,23 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_agentrl.agents.registry import import_modules
 from lit_agentrl.callbacks.ranks import TrainerCollective, engine_placement
 from lit_agentrl.callbacks.rollout_checks import check_async, check_module
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.engines import RolloutEngine, SamplingParams, build_engines
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.metrics import RolloutMetrics
-from lit_agentrl.module import GRPOModule
-from lit_agentrl.offload import TrainerOffload
-from lit_agentrl.processors import load_policy_processor, load_tokenizer
+from lit_agentrl.models.processors import load_policy_processor, load_tokenizer
+from lit_agentrl.registry import import_modules
 from lit_agentrl.rollout.colocation import PhaseMemory
 from lit_agentrl.rollout.fleet import EngineFleet
 from lit_agentrl.rollout.health import RolloutHealth
 from lit_agentrl.rollout.loop import RolloutLoop
 from lit_agentrl.rollout.manager import RolloutManager
+from lit_agentrl.rollout.metrics import RolloutMetrics
 from lit_agentrl.rollout.schedule import AsyncRollouts
 from lit_agentrl.rollout.seeds import RolloutSeeds
+from lit_agentrl.training.module import GRPOModule
+from lit_agentrl.training.offload import TrainerOffload
 
 
 class RolloutCallback(Callback):

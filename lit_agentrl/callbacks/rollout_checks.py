@@ -9,8 +9,8 @@ from typing import Any
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.engines import RolloutEngine
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.module import GRPOModule
 from lit_agentrl.rollout.schedule import AsyncRollouts
+from lit_agentrl.training.module import GRPOModule
 
 
 def check_module(module: GRPOModule, val_n_samples: int) -> None:

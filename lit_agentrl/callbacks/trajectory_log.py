@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-from lit_agentrl.processors import load_tokenizer
+from lit_agentrl.models.processors import load_tokenizer
 from lit_agentrl.types import Trajectory
 from lit_agentrl.viewer.records import TABLE_COLUMNS, TokenPieces, table_row, trajectory_record
 from lit_agentrl.viewer.writer import BackgroundWriter, append_jsonl, write_samples_text

@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from lit_agentrl.correction import CORRECTIONS, LEVELS, MIS_WEIGHTS
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.losses import ADVANTAGE_STDS, AGGREGATIONS
+from lit_agentrl.training.correction import CORRECTIONS, LEVELS, MIS_WEIGHTS
+from lit_agentrl.training.losses import ADVANTAGE_STDS, AGGREGATIONS
 
 LR_SCHEDULES = ("constant", "cosine")
 OLD_LOGPROBS = ("engine", "trainer")
@@ -89,7 +89,7 @@ class Loss:
         entropy_coef: weight of an entropy bonus (0: the entropy is logged only).
         aggregation: how token losses become the loss: ``token-mean``, ``seq-mean-token-mean``,
             ``seq-mean-token-sum``, Dr. GRPO's ``seq-mean-token-sum-norm`` (with ``norm_length``), or any name in
-            ``lit_agentrl.losses.AGGREGATIONS``.
+            ``lit_agentrl.training.losses.AGGREGATIONS``.
         norm_length: Dr. GRPO's constant per-sequence normaliser, needed by ``seq-mean-token-sum-norm``.
         policy_ratio: ``token`` (PPO/GRPO) or ``sequence`` (GSPO: one ratio per sequence, the geometric mean of its
             tokens', which needs ``aggregation: seq-mean-token-mean``, GSPO's mean over sequences).
@@ -156,7 +156,7 @@ class Loss:
 @dataclass(frozen=True)
 class Correction:
     """Importance weights between the engine that sampled the tokens (mu) and the trainer's policy before the update
-    (pi_old), multiplying each token's loss (``model.correction``; ``lit_agentrl.correction``). Needs
+    (pi_old), multiplying each token's loss (``model.correction``; ``lit_agentrl.training.correction``). Needs
     ``model.loss.old_logprobs: trainer``.
 
     Args:
@@ -246,7 +246,7 @@ class Compute:
         sequence_packing: pack several sequences into each row (position ids restart per sequence), so training pays
             for almost no padding; checked against unpacked forwards when the model loads.
         logprob_chunk_tokens: the output head runs on the trained tokens only, this many at a time, its logits
-            recomputed in backward (``lit_agentrl.logprobs``); 0 computes full logits at every position, as the
+            recomputed in backward (``lit_agentrl.training.logprobs``); 0 computes full logits at every position, as the
             model's own forward does (more memory, no recomputation).
         gradient_checkpointing: recompute activations in backward to save memory.
         param_dtype: ``float32``, or ``bfloat16`` for FSDP2's mixed precision (fp32 master weights and reductions;

@@ -8,8 +8,9 @@ unbroken one trains. The gate removes timing from the composition:
 * every trajectory of a rollout is known to the gate before any starts, in a fixed order, in its lane (one per
   engine, or one for all): at most ``capacity`` of a lane run at once, the others queue in that order and get the
   slot of the next one of their lane to finish;
-* every request carries its trajectory's key (the :data:`ROLLOUT_TRAJECTORY` context variable, set per trajectory
-  task by the rollout manager) and is the key's k-th request, which seeds its sampling stream;
+* every request carries its trajectory's key (its ``TrajectoryTag``, in the trajectory's context set per trajectory
+  task by the rollout manager: :mod:`lit_agentrl.context`) and is the key's k-th request, which seeds its sampling
+  stream;
 * a deterministic engine admits new requests only when the gate is *quiescent*: every running trajectory is
   waiting on the engine (or has finished). It then admits them in key order.
 
@@ -24,24 +25,8 @@ import asyncio
 import threading
 from collections import Counter, deque
 from collections.abc import Hashable, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class TrajectoryTag:
-    """What a trajectory's requests carry: its rollout's gate and its key there."""
-
-    gate: AdmissionGate
-    key: tuple[int, int]
-    """(group, sample): the row's index in the rollout and the sample's among the row's."""
-    seed: int | None = None
-    """The rollout's seed: with the key and the request's index it seeds the request's sampling stream (None: the
-    engine's own seed), so rollouts that overlap (``mode: async``) never share or disturb each other's streams."""
-
-
-ROLLOUT_TRAJECTORY: ContextVar[TrajectoryTag | None] = ContextVar("lit_agentrl_rollout_trajectory", default=None)
-"""The running trajectory, in its own asyncio task (None outside a rollout manager's trajectory)."""
+from lit_agentrl.context import TrajectoryTag
 
 
 class AdmissionGate:

@@ -26,17 +26,18 @@ import itertools
 import logging
 import threading
 import traceback
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
 import torch
 import torch.multiprocessing
 
-from lit_agentrl.engines.admission import ROLLOUT_TRAJECTORY, TrajectoryTag
+from lit_agentrl.context import TrajectoryTag, current_tag
 from lit_agentrl.engines.base import GenerateResult, RolloutEngine
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
+from lit_agentrl.engines.requests import StreamKeys, split_requests
 from lit_agentrl.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -96,9 +97,9 @@ class ProcessEngine(RolloutEngine):
             )
         if threads is not None and threads < 1:
             raise UserInputError(f"engine_kwargs.threads must be >= 1, got {threads}")
-        self.model_path, self.seed = model_path, seed
+        self.model_path = model_path
+        self.streams = StreamKeys(seed)  # keyed here exactly as the in-process engine keys them
         self._weight_version = 0
-        self._requests_submitted = 0  # untagged requests' streams, as the in-process engine counts them
         self._busy_seconds = 0.0
         self._sampled_tokens = 0
         self._pending: dict[int, concurrent.futures.Future] = {}
@@ -120,6 +121,11 @@ class ProcessEngine(RolloutEngine):
         self._reader.start()
 
     # ------------------------------------------------------------------ the engine API
+
+    @property
+    def seed(self) -> int:
+        """The seed of the untagged sampling streams (set by :meth:`reseed`)."""
+        return self.streams.seed
 
     @property
     def busy_seconds(self) -> float:  # type: ignore[override]
@@ -169,7 +175,7 @@ class ProcessEngine(RolloutEngine):
         self._call("end_weight_update")
 
     def reseed(self, seed: int) -> None:
-        self.seed, self._requests_submitted = seed, 0
+        self.streams.reseed(seed)
         self._call("reseed", seed)
 
     def flush_cache(self) -> bool:
@@ -209,37 +215,16 @@ class ProcessEngine(RolloutEngine):
         return_logprob: bool,
         extra: dict[str, Any],
     ) -> tuple[list[concurrent.futures.Future], bool]:
-        extra = dict(extra)
-        image_data = extra.pop("image_data", None)
-        unsupported = sorted(k for k, v in extra.items() if v is not None)
-        if unsupported:
-            raise ValueError(f"ProcessEngine.async_generate: unsupported argument(s) {unsupported}")
-        if not input_ids:
-            raise ValueError("async_generate needs input_ids (a non-empty list of token ids, or a list of them)")
-        batched = isinstance(input_ids[0], list)
-        prompts = cast("list[list[int]]", input_ids if batched else [input_ids])
-        params_list = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
-        images_list = image_data if batched and image_data is not None else [image_data] * len(prompts)
-        if len(params_list) != len(prompts) or len(images_list) != len(prompts):
-            raise ValueError(
-                f"got {len(prompts)} prompts, {len(params_list)} sampling_params, {len(images_list)} image_data"
-            )
-        tag = ROLLOUT_TRAJECTORY.get()
+        requests, batched = split_requests("ProcessEngine", input_ids, sampling_params, extra)
+        tag = current_tag()
         futures = []
-        for prompt, params, images in zip(prompts, params_list, images_list):
-            params = dict(params or {})
+        for request in requests:
+            params = dict(request.sampling_params or {})
             for _ in range(int(params.pop("n", 1) or 1)):
-                stream = self._next_stream(tag)
-                futures.append(self._send_request(tag, (list(prompt), params, return_logprob, images, stream)))
+                stream, _ = self.streams.next(tag)
+                payload = (request.prompt, params, return_logprob, request.image_data, stream)
+                futures.append(self._send_request(tag, payload))
         return futures, batched or len(futures) > 1
-
-    def _next_stream(self, tag: TrajectoryTag | None) -> Hashable:
-        """The sampling stream of the next request, keyed as :class:`TransformersEngine` keys it."""
-        index = self._requests_submitted
-        self._requests_submitted += 1
-        if tag is None:
-            return (self.seed, index)
-        return (self.seed if tag.seed is None else tag.seed, *tag.key, tag.gate.next_request_index(tag.key))
 
     def _send_request(self, tag: TrajectoryTag | None, request: tuple[Any, ...]) -> concurrent.futures.Future:
         future = self._send("generate", request)

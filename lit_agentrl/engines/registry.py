@@ -6,24 +6,29 @@ The built-in engines register themselves when their module is imported; that hap
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.registry import Registry
 
-log = logging.getLogger(__name__)
-_REGISTRY: dict[str, type[RolloutEngine]] = {}
-_BUILTIN_MODULES = {
-    "transformers": "lit_agentrl.engines.hf",
-    "transformers_process": "lit_agentrl.engines.process",
-    "sglang": "lit_agentrl.engines.sglang",
-    "sglang_http": "lit_agentrl.engines.sglang",
-}
+ENGINES: Registry[type[RolloutEngine]] = Registry(
+    "rollout engine",
+    on_replace="warn",
+    builtins={
+        "transformers": "lit_agentrl.engines.hf",
+        "transformers_process": "lit_agentrl.engines.process",
+        "sglang": "lit_agentrl.engines.sglang",
+        "sglang_http": "lit_agentrl.engines.sglang",
+    },
+    error=UserInputError,
+    unknown="unknown rollout engine {name!r}; registered engines: {names}. To add one, subclass "
+    "lit_agentrl.engines.RolloutEngine, decorate it with @register_engine({name!r}) and list its module in "
+    "RolloutCallback.engine_modules.",
+)
 E = TypeVar("E", bound=type[RolloutEngine])
 
 
@@ -37,33 +42,24 @@ def register_engine(name: str) -> Callable[[E], E]:
             async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False, **kw): ...
             def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True): ...
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"register_engine() needs a non-empty engine name, got {name!r}")
 
-    def decorator(cls: E) -> E:
+    def check(cls: type[RolloutEngine]) -> None:
         if not (isinstance(cls, type) and issubclass(cls, RolloutEngine)):
             raise TypeError(
                 f"@register_engine({name!r}) needs a subclass of lit_agentrl.engines.RolloutEngine, got {cls!r}"
             )
         if inspect.isabstract(cls):
             missing = sorted(getattr(cls, "__abstractmethods__", ()))
-            raise TypeError(f"@register_engine({name!r}): {_qualified(cls)} does not implement {missing}")
-        existing = _REGISTRY.get(name)
-        if existing is not None and _qualified(existing) != _qualified(cls):
-            log.warning("engine name %r: %s replaces %s", name, _qualified(cls), _qualified(existing))
-        _REGISTRY[name] = cls
-        return cls
+            raise TypeError(
+                f"@register_engine({name!r}): {cls.__module__}.{cls.__qualname__} does not implement {missing}"
+            )
 
-    return decorator
-
-
-def _qualified(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return ENGINES.register(name, check)  # type: ignore[return-value]
 
 
 def registered_engines() -> list[str]:
     """Names of every engine a config may choose (the built-ins, and those registered so far), sorted."""
-    return sorted(set(_REGISTRY) | set(_BUILTIN_MODULES))
+    return ENGINES.names()
 
 
 def get_engine_class(name: str) -> type[RolloutEngine]:
@@ -71,16 +67,7 @@ def get_engine_class(name: str) -> type[RolloutEngine]:
 
     Raises ``ValueError`` listing the registered names and how to register another.
     """
-    if name not in _REGISTRY and name in _BUILTIN_MODULES:
-        importlib.import_module(_BUILTIN_MODULES[name])
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UserInputError(
-            f"unknown rollout engine {name!r}; registered engines: {registered_engines()}. To add one, subclass "
-            f"lit_agentrl.engines.RolloutEngine, decorate it with @register_engine({name!r}) and list its module "
-            "in RolloutCallback.engine_modules."
-        ) from None
+    return ENGINES.get(name)
 
 
 def build_engines(

@@ -18,14 +18,14 @@ from typing import Any
 
 import torch
 
-from lit_agentrl.engines.admission import ROLLOUT_TRAJECTORY
+from lit_agentrl.context import current_tag
 from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors, expected_weight_shapes
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.engines.weight_names import checkpoint_names
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.processors import is_vision_language, model_config
+from lit_agentrl.models.processors import is_vision_language, model_config
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +347,7 @@ class SGLangHTTPEngine(_SGLangBase):
         }
         if kwargs.get("image_data") is not None:  # PIL images travel as data URLs (SGLang loads those)
             kwargs["image_data"] = _jsonable_images(kwargs["image_data"])
-        tag = ROLLOUT_TRAJECTORY.get()
+        tag = current_tag()
         response = await self._client().post("/generate", json={**body, **kwargs})
         response.raise_for_status()
         result = response.json()

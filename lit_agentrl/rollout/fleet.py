@@ -14,9 +14,9 @@ import torch
 
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.weight_sync import sync_weights
-from lit_agentrl.offload import TrainerOffload
 from lit_agentrl.rollout.collective import Collective, SingleProcess
 from lit_agentrl.rollout.colocation import ColocatedCycle
+from lit_agentrl.training.offload import TrainerOffload
 
 OffloadStates = Callable[[], list[TrainerOffload]]
 """The trainer's parts to move to host memory in a colocated window (built on the first window: the model and the

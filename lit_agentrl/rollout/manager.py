@@ -21,15 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lit_agentrl.agents.base import MESSAGES_FIELD, AgentGraph, AgentGraphOutput
-from lit_agentrl.agents.chat_model import RUN_SAMPLING_PARAMS
 from lit_agentrl.agents.config import load_agent_cfg
 from lit_agentrl.agents.registry import get_agent_class
-from lit_agentrl.engines.admission import ROLLOUT_TRAJECTORY, AdmissionGate, TrajectoryTag
+from lit_agentrl.context import TrajectoryContext, TrajectoryTag, enter_trajectory
+from lit_agentrl.engines.admission import AdmissionGate
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.rewards import RewardFn, resolve_reward_fn
 from lit_agentrl.rollout.background import BackgroundLoop
-from lit_agentrl.rollout.faults import TRAJECTORY_FAULTS, raise_reported_faults
+from lit_agentrl.rollout.faults import raise_reported_faults
 from lit_agentrl.rollout.tail import GroupedRollout
 from lit_agentrl.rows import agent_run_kwargs
 from lit_agentrl.types import AGENT_METRICS_FIELD, RolloutBatch, RolloutStats, Trajectory
@@ -207,12 +207,9 @@ class RolloutManager:
 
     async def _run_one(self, row: Mapping[str, Any], tag: TrajectoryTag, sampling_params: dict[str, Any]) -> Trajectory:
         (group, sample), agent_name = tag.key, str(row.get("agent_name"))
-        # This trajectory's task only: a ChatModel called without sampling params uses these, and every request
-        # carries the trajectory's tag (engines.admission).
-        RUN_SAMPLING_PARAMS.set(sampling_params)
-        ROLLOUT_TRAJECTORY.set(tag)
-        faults: list[str] = []
-        TRAJECTORY_FAULTS.set(faults)  # set-up faults fail the trajectory even when the agent catches them
+        # This trajectory's task only: a ChatModel called without sampling params uses these, every request carries
+        # the trajectory's tag (engines.admission), and set-up faults fail it even when the agent catches them.
+        faults = enter_trajectory(TrajectoryContext(tag, sampling_params)).faults
         start = time.perf_counter()
         await tag.gate.acquire(tag.key)
         engine_index = self._route(group)

@@ -20,8 +20,8 @@ import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
+from lit_agentrl.context import report_fault
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.rollout.faults import report_fault
 from lit_agentrl.tools.sandbox import CodeRunner, PythonSandbox, SandboxResult
 
 __all__ = ["ToolResponse", "execute_python_code", "execute_python_code_sync", "set_code_runner"]

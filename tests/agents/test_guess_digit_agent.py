@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lit_agentrl.agents.guess_digit import GuessDigitAgentGraph, feedback, game_reward, narrowing_score
-from lit_agentrl.metrics import agent_metrics
 from lit_agentrl.rollout.manager import check_output
+from lit_agentrl.rollout.metrics import agent_metrics
 from lit_agentrl.types import Trajectory
 
 PROMPT = [{"role": "user", "content": "guess"}]

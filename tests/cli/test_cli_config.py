@@ -10,8 +10,8 @@ import yaml
 from support import REPO_ROOT, quick_config
 
 from lit_agentrl.callbacks import RolloutCallback, StepProgressBar
-from lit_agentrl.checkpoint import AtomicCheckpointIO
 from lit_agentrl.cli import build_cli, main
+from lit_agentrl.training.checkpoint import AtomicCheckpointIO
 
 RUN_CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
 
@@ -30,7 +30,7 @@ def test_print_config_round_trips(path: Path, tmp_path: Path, capsys):
     code, printed, err = run_main(["fit", "--config", str(path), "--print_config"], capsys)
     assert code == 0, err
     assert "Unable to serialize" not in printed + err
-    assert "class_path: lit_agentrl.checkpoint.AtomicCheckpointIO" in printed
+    assert "class_path: lit_agentrl.training.checkpoint.AtomicCheckpointIO" in printed
     saved = tmp_path / "saved.yaml"
     saved.write_text(printed)
     code, reprinted, err = run_main(["fit", "--config", str(saved), "--print_config"], capsys)

@@ -27,7 +27,7 @@ def test_a_fit_without_a_logger_prints_steps_and_the_reward_summary(tmp_path: Pa
         main(["fit", "--config", str(saved), "--print_config"])
     assert exit_info.value.code == 0
     reprinted = capsys.readouterr().out
-    assert "lit_agentrl.checkpoint.AtomicCheckpointIO" in reprinted and "Unable to serialize" not in reprinted
+    assert "lit_agentrl.training.checkpoint.AtomicCheckpointIO" in reprinted and "Unable to serialize" not in reprinted
     assert "StepProgressBar" not in reprinted  # added by the CLI on every run, not part of the config
 
 

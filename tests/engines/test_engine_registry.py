@@ -22,7 +22,7 @@ from lit_agentrl.engines import (
 )
 from lit_agentrl.engines.base import check_named_tensors
 from lit_agentrl.engines.hf import TransformersEngine
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.training.module import GRPOModule
 
 BUILT: list[RecordingEngine] = []
 
@@ -95,7 +95,7 @@ def test_wrapper_forwards_the_wrapped_engines_members(tiny_model_dir):
     inner = TransformersEngine(str(tiny_model_dir))
     try:
         wrapper = EngineWrapper(inner)
-        inner.busy_seconds = 1.5
+        inner.scheduler.busy_seconds = 1.5
         assert (wrapper.shared, wrapper.loop, wrapper.busy_seconds) == (False, None, 1.5)
         wrapper.reseed(4)
         assert inner.seed == 4

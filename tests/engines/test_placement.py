@@ -20,7 +20,7 @@ from lit_agentrl.engines import build_engines, register_engine
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.sglang import SGLangEngine, SGLangHTTPEngine
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.training.module import GRPOModule
 
 
 def node(tp_size: int, local_world_size: int = 8, nodes: int = 1) -> list[EnginePlacement]:

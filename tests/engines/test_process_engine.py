@@ -13,7 +13,8 @@ import pytest
 import torch
 from support import torch_threads
 
-from lit_agentrl.engines.admission import ROLLOUT_TRAJECTORY, AdmissionGate, TrajectoryTag
+from lit_agentrl.context import TrajectoryContext, TrajectoryTag, enter_trajectory
+from lit_agentrl.engines.admission import AdmissionGate
 from lit_agentrl.engines.base import output_logprobs
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.engines.process import ProcessEngine
@@ -37,7 +38,7 @@ async def tagged_rollout(engine, keys, seed):
     gate = AdmissionGate([keys], capacity=len(keys))
 
     async def trajectory(key):
-        ROLLOUT_TRAJECTORY.set(TrajectoryTag(gate, key, seed))
+        enter_trajectory(TrajectoryContext(TrajectoryTag(gate, key, seed)))
         first = await engine.async_generate(input_ids=[5, 6, 7, key[0] + 8], sampling_params=SAMPLED)
         second = await engine.async_generate(
             input_ids=[9, *first["output_ids"]], sampling_params=SAMPLED, return_logprob=True

@@ -55,7 +55,7 @@ def vl_engine(vl_dir: Path):
 
 @pytest.fixture(scope="module")
 def processor(vl_dir: Path):
-    from lit_agentrl.processors import load_processor
+    from lit_agentrl.models.processors import load_processor
 
     return load_processor(str(vl_dir))
 

@@ -229,10 +229,12 @@ def test_once_shut_down_every_drain_of_the_queue_stops_even_after_another_drain_
     signal, the scheduler's next, blocking drain must still stop (it waited forever, and shutdown 30 s)."""
     engine = TransformersEngine(str(tiny_model_dir))
     engine.shutdown()
-    engine._waiting.put(None)  # as shutdown leaves it for a scheduler that has not yet drained
-    assert engine._drain_queue(collections.deque(), block=False) is False  # admission's drain takes it
+    engine.scheduler._waiting.put(None)  # as shutdown leaves it for a scheduler that has not yet drained
+    assert engine.scheduler._drain_queue(collections.deque(), block=False) is False  # admission's drain takes it
     results: list[bool] = []
-    drain = threading.Thread(target=lambda: results.append(engine._drain_queue(collections.deque(), True)), daemon=True)
+    drain = threading.Thread(
+        target=lambda: results.append(engine.scheduler._drain_queue(collections.deque(), True)), daemon=True
+    )
     drain.start()
     drain.join(timeout=60)
     assert results == [False]  # the scheduler's blocking drain sees it too (and does not block)

@@ -19,7 +19,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from support import REPO_ROOT, quick_config
 from transformers import AutoModelForCausalLM
 
-from lit_agentrl.checkpoint import AtomicCheckpointIO
+from lit_agentrl.training.checkpoint import AtomicCheckpointIO
 
 STEPS = 6
 TRAINING = REPO_ROOT / "tests" / "training"

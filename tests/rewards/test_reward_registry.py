@@ -17,7 +17,7 @@ from lit_agentrl.rewards.math import compute_math_reward
 @pytest.fixture(autouse=True)
 def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let tests register rewards without leaking them into other tests."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry.REWARDS, "_entries", dict(registry.REWARDS._entries))
 
 
 def _const_reward(completion: str, ground_truth: str | None, **row: object) -> float:

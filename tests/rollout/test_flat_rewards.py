@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lit_agentrl.metrics import flat_groups
 from lit_agentrl.rollout.flat_rewards import FlatRewardWatch
+from lit_agentrl.rollout.metrics import flat_groups
 from lit_agentrl.types import Trajectory
 
 

@@ -13,8 +13,8 @@ from support import MATH_SAMPLE_TRAIN
 from lit_agentrl.agents import AgentGraph, AgentGraphOutput, register
 from lit_agentrl.engines.base import EngineWrapper
 from lit_agentrl.engines.hf import TransformersEngine
-from lit_agentrl.metrics import RolloutMetrics
 from lit_agentrl.rollout.manager import RolloutManager
+from lit_agentrl.rollout.metrics import RolloutMetrics
 from lit_agentrl.types import Trajectory
 
 SAMPLING = {"max_new_tokens": 32, "temperature": 1.0}

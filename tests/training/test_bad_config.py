@@ -12,7 +12,7 @@ from support import quick_config, read_csv
 from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.cli import main
 from lit_agentrl.config.training import Compute, Loss, Optimizer
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.training.module import GRPOModule
 
 
 def run_with(tmp_path, model_dir, edit, capsys) -> str:

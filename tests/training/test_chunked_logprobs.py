@@ -1,4 +1,4 @@
-"""Chunked log-probs (lit_agentrl.logprobs) give the plain path's loss and gradients without its [tokens, vocab] logits.
+"""Chunked log-probs (lit_agentrl.training.logprobs) give the plain path's loss and gradients without its [tokens, vocab] logits.
 
 The plain path is ``model.logprob_chunk_tokens: 0``: full logits at every position, then
 ``losses.token_logprobs``. The chunked one projects only the trained positions, a few tokens at a time, inside
@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lit_agentrl.batching import TrainingSample
 from lit_agentrl.config.training import Compute, Loss
-from lit_agentrl.logprobs import check_chunked_head, model_token_logprobs
-from lit_agentrl.losses import AGGREGATIONS
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.training.batching import TrainingSample
+from lit_agentrl.training.logprobs import check_chunked_head, model_token_logprobs
+from lit_agentrl.training.losses import AGGREGATIONS
+from lit_agentrl.training.module import GRPOModule
 
 
 def make_samples(vocab: int, seed: int = 0) -> list[TrainingSample]:

@@ -18,10 +18,10 @@ import torch.multiprocessing as mp
 from support import free_port
 from torch.distributed.device_mesh import init_device_mesh
 
-from lit_agentrl.batching import TrainingSample
 from lit_agentrl.config.training import Compute, Correction, Loss
-from lit_agentrl.losses import AGGREGATIONS
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.training.batching import TrainingSample
+from lit_agentrl.training.losses import AGGREGATIONS
+from lit_agentrl.training.module import GRPOModule
 
 pytestmark = pytest.mark.slow  # starts two processes
 

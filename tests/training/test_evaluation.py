@@ -20,8 +20,16 @@ from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.callbacks.rollout_checks import check_module
 from lit_agentrl.data import PromptBatchLoader
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.evaluation import PassAtK, extract_answer, extractor_name, maj_at_k, mean_at_k, merge, pass_at_k
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.training.evaluation import (
+    PassAtK,
+    extract_answer,
+    extractor_name,
+    maj_at_k,
+    mean_at_k,
+    merge,
+    pass_at_k,
+)
+from lit_agentrl.training.module import GRPOModule
 from lit_agentrl.types import Trajectory
 
 # ---------------------------------------------------------------------------------------------- estimators

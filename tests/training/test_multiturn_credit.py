@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lit_agentrl.module as module_file
-import lit_agentrl.objective as objective_file
+import lit_agentrl.training.module as module_file
+import lit_agentrl.training.objective as objective_file
 from lit_agentrl.agents.guess_digit import GuessDigitAgentGraph
-from lit_agentrl.batching import TrainingSample, collate, plan_micro_batches, prepare_samples
 from lit_agentrl.config.training import Compute
-from lit_agentrl.module import GRPOModule
-from lit_agentrl.objective import micro_batch_loss
+from lit_agentrl.training.batching import TrainingSample, collate, plan_micro_batches, prepare_samples
+from lit_agentrl.training.module import GRPOModule
+from lit_agentrl.training.objective import micro_batch_loss
 from lit_agentrl.types import Trajectory
 
 SECRET = 7

@@ -8,11 +8,11 @@ import asyncio
 import pytest
 import torch
 
-from lit_agentrl.batching import collate, prepare_samples
 from lit_agentrl.config.training import Correction, Loss
-from lit_agentrl.correction import correction_weights
 from lit_agentrl.engines.hf import TransformersEngine
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.training.batching import collate, prepare_samples
+from lit_agentrl.training.correction import correction_weights
+from lit_agentrl.training.module import GRPOModule
 from lit_agentrl.types import Trajectory
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12], [20, 21], [30, 31, 32, 33, 34]]

@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from lit_agentrl.config.training import Compute, Loss
-from lit_agentrl.module import GRPOModule
+from lit_agentrl.training.module import GRPOModule
 
 pytestmark = pytest.mark.slow  # saves a 536 MB model and starts two processes
 

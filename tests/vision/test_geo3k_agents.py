@@ -20,14 +20,14 @@ from PIL import Image
 from support import ScriptedEngine, tool_call_text
 
 from lit_agentrl.agents.multimodal import encode_multimodal
-from lit_agentrl.batching import prepare_samples
 from lit_agentrl.data import AgentPromptDataModule, load_and_validate
+from lit_agentrl.data.prompt_tokens import PromptMeasure
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.models.processors import load_processor
 from lit_agentrl.models.tiny_vl import TinyVLConfig, save_tiny_vl_model, vl_chat_template
-from lit_agentrl.processors import load_processor
-from lit_agentrl.prompt_tokens import PromptMeasure
 from lit_agentrl.rollout.manager import RolloutManager
+from lit_agentrl.training.batching import prepare_samples
 
 REPO = Path(__file__).resolve().parents[2]
 GEO3K_YAML = REPO / "configs" / "agents" / "geo3k.yaml"

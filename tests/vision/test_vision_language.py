@@ -19,13 +19,13 @@ from transformers import AutoModelForImageTextToText
 
 from lit_agentrl.agents import ChatModel, count_template_drift
 from lit_agentrl.agents.multimodal import attach_images
-from lit_agentrl.batching import collate, prepare_samples
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.engines.weight_sync import sync_weights
-from lit_agentrl.loading import shard_units
-from lit_agentrl.logprobs import model_token_logprobs
+from lit_agentrl.models.processors import ComposedVLProcessor, load_processor, mrope_position_ids, vision_settings
 from lit_agentrl.models.tiny_vl import IMAGE_PAD, TinyVLConfig, save_tiny_vl_model
-from lit_agentrl.processors import ComposedVLProcessor, load_processor, mrope_position_ids, vision_settings
+from lit_agentrl.training.batching import collate, prepare_samples
+from lit_agentrl.training.loading import shard_units
+from lit_agentrl.training.logprobs import model_token_logprobs
 from lit_agentrl.types import Trajectory
 
 GREEDY = {"max_new_tokens": 4, "temperature": 0.0}

@@ -2,11 +2,11 @@
 ``model.correction`` settings (:mod:`lit_agentrl.config.training`).
 
 :func:`micro_batch_loss` turns a micro-batch's token log-probs and entropy (and the reference model's log-probs)
-into the loss and its statistics. ``GRPOModule`` computes those (:mod:`lit_agentrl.logprobs`) and calls it for
+into the loss and its statistics. ``GRPOModule`` computes those (:mod:`lit_agentrl.training.logprobs`) and calls it for
 every micro-batch; tests call it without a Trainer.
 
 A new variant is one function plus one config value: a loss aggregation is a function registered in
-:data:`lit_agentrl.losses.AGGREGATIONS` and named by ``model.loss.aggregation``; a new term is a field of
+:data:`lit_agentrl.training.losses.AGGREGATIONS` and named by ``model.loss.aggregation``; a new term is a field of
 :class:`~lit_agentrl.config.training.Loss` and a few lines in :func:`micro_batch_loss`.
 """
 
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 import torch
 
-from lit_agentrl.batching import MicroBatch, TrainingSample
 from lit_agentrl.config.training import Correction, Loss
-from lit_agentrl.correction import correction_weights
-from lit_agentrl.losses import LossScale, TokenLogProbs, aggregate, clipped_policy_loss, kl_to_reference
+from lit_agentrl.training.batching import MicroBatch, TrainingSample
+from lit_agentrl.training.correction import correction_weights
+from lit_agentrl.training.losses import LossScale, TokenLogProbs, aggregate, clipped_policy_loss, kl_to_reference
 
 
 def loss_scale(samples: Sequence[TrainingSample], norm_length: float = 1.0) -> LossScale:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from lit_agentrl.losses import per_sequence_sums
+from lit_agentrl.training.losses import per_sequence_sums
 
 CORRECTIONS = ("tis", "mis")
 LEVELS = ("token", "sequence", "geometric")

@@ -4,7 +4,7 @@ Lightning writes a checkpoint straight to its final path; a crash mid-write (SIG
 truncated file where a good one may have been. This writes beside it and renames, which is atomic on POSIX
 file systems, so an interrupted save leaves the previous checkpoint usable.
 
-``lit-agentrl`` uses it by default: ``trainer.plugins: [{class_path: lit_agentrl.checkpoint.AtomicCheckpointIO}]``
+``lit-agentrl`` uses it by default: ``trainer.plugins: [{class_path: lit_agentrl.training.checkpoint.AtomicCheckpointIO}]``
 (a class path, not an instance, so the saved config names it and re-runs); a config that sets ``trainer.plugins``
 replaces that default, and lists it there to keep atomic writes.
 Sharded checkpoints of ``ModelParallelStrategy`` are folders written by torch.distributed.checkpoint, whose

@@ -9,8 +9,8 @@ from typing import Any, NamedTuple
 import torch
 
 from lit_agentrl.config.training import Overlong
-from lit_agentrl.losses import grpo_advantages
-from lit_agentrl.processors import mrope_position_ids
+from lit_agentrl.models.processors import mrope_position_ids
+from lit_agentrl.training.losses import grpo_advantages
 from lit_agentrl.types import Trajectory
 
 
@@ -53,7 +53,7 @@ def prepare_samples(
 
     With ``need_rollout_logprobs`` (the old log-probs are the engine's) a trajectory whose agent returned no
     ``response_logprobs`` is an error naming the agent; otherwise its old log-probs are left for the trainer.
-    ``advantage_std`` is :data:`~lit_agentrl.losses.ADVANTAGE_STDS`'s. ``overlong`` says what truncated trajectories
+    ``advantage_std`` is :data:`~lit_agentrl.training.losses.ADVANTAGE_STDS`'s. ``overlong`` says what truncated trajectories
     get (see :class:`Overlong`; default: trained as they are).
     """
     overlong = overlong or Overlong()
@@ -178,7 +178,7 @@ def collate(
     """Concatenate each row's samples and right-pad the rows to the longest one.
 
     ``vision``: a vision-language policy's ``(image_token_id, spatial_merge_size)``
-    (:func:`lit_agentrl.processors.vision_settings`): the micro-batch then carries 4-row positions and the samples'
+    (:func:`lit_agentrl.models.processors.vision_settings`): the micro-batch then carries 4-row positions and the samples'
     images (see :class:`MicroBatch`). Samples with images need it.
     """
     if vision is None and any(s.multi_modal_inputs for row in rows for s in row):

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 
-from lit_agentrl.dtypes import torch_dtype
-from lit_agentrl.processors import is_vision_language
+from lit_agentrl.models.dtypes import torch_dtype
+from lit_agentrl.models.processors import is_vision_language
 
 
 def _auto_class(path: str) -> Any:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lit_agentrl.agents.multimodal import attach_images, template_messages, tokenizer_of
-from lit_agentrl.processors import is_vision_language, load_image, load_processor
+from lit_agentrl.models.processors import is_vision_language, load_image, load_processor
 from lit_agentrl.rows import row_prompt
 
 

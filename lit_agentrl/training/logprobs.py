@@ -1,6 +1,6 @@
 """Token log-probs of a causal LM within a memory budget: the output head runs only where the loss looks, in chunks.
 
-The plain way (``model(...).logits`` then :func:`~lit_agentrl.losses.token_logprobs`) materialises
+The plain way (``model(...).logits`` then :func:`~lit_agentrl.training.losses.token_logprobs`) materialises
 full-vocabulary logits for every position, prompt included, upcasts them to fp32, and keeps them (and the
 entropy's temporaries) for backward: at 16,384 tokens and a 151k vocabulary that is tens of GB. Here the model's
 output head is swapped, for one forward call, for one that takes the hidden states at the trained positions only
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from lit_agentrl.losses import TokenLogProbs, token_logprobs
+from lit_agentrl.training.losses import TokenLogProbs, token_logprobs
 
 
 def model_token_logprobs(

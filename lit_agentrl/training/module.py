@@ -25,7 +25,10 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
 from transformers import PreTrainedModel
 
-from lit_agentrl.batching import (
+from lit_agentrl.config.training import Compute, Correction, Loss, Optimizer, Overlong
+from lit_agentrl.errors import UserInputError
+from lit_agentrl.models.processors import vision_settings
+from lit_agentrl.training.batching import (
     MicroBatch,
     TrainingSample,
     collate,
@@ -33,14 +36,11 @@ from lit_agentrl.batching import (
     prepare_samples,
     split_mini_batches,
 )
-from lit_agentrl.config.training import Compute, Correction, Loss, Optimizer, Overlong
-from lit_agentrl.errors import UserInputError
-from lit_agentrl.evaluation import EvalResult, PassAtK
-from lit_agentrl.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
-from lit_agentrl.logprobs import check_chunked_head, model_token_logprobs, relative_difference
-from lit_agentrl.losses import LossScale, TokenLogProbs
-from lit_agentrl.objective import loss_scale, micro_batch_loss
-from lit_agentrl.processors import vision_settings
+from lit_agentrl.training.evaluation import EvalResult, PassAtK
+from lit_agentrl.training.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
+from lit_agentrl.training.logprobs import check_chunked_head, model_token_logprobs, relative_difference
+from lit_agentrl.training.losses import LossScale, TokenLogProbs
+from lit_agentrl.training.objective import loss_scale, micro_batch_loss
 from lit_agentrl.types import PromptBatch
 
 
@@ -56,7 +56,7 @@ class GRPOModule(L.LightningModule):
         overlong: what trajectories cut by the length limit get (``lit_agentrl.config.training.Overlong``).
         compute: memory against time (``lit_agentrl.config.training.Compute``).
         val_pass_k: the k of the validation's ``pass@k``, ``maj@k`` and ``mean@k`` (logged per ``data_source`` and
-            written as a table, see ``lit_agentrl.evaluation``); default ``[1]``; each at most
+            written as a table, see ``lit_agentrl.training.evaluation``); default ``[1]``; each at most
             ``RolloutCallback.val_n_samples`` (checked by the callback at setup).
 
     Log-probs are computed at the temperature each rollout was sampled at (``RolloutBatch.temperature``, the

@@ -1,0 +1,71 @@
+"""The running trajectory: set once by the rollout manager in each trajectory's own task, read through
+:func:`current_trajectory` by whatever that trajectory calls (the chat model, the engines, the tools).
+
+It carries what the trajectory's requests must bear (its admission gate, key and rollout seed: ``TrajectoryTag``),
+the rollout's sampling parameters (a chat model called without its own uses them) and the faults reported in it
+(:func:`report_fault`), so nothing of the rollout reaches an agent's code as an argument it would have to pass on.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lit_agentrl.engines.admission import AdmissionGate
+
+
+@dataclass(frozen=True)
+class TrajectoryTag:
+    """What a trajectory's requests carry: its rollout's gate and its key there."""
+
+    gate: AdmissionGate
+    key: tuple[int, int]
+    """(group, sample): the row's index in the rollout and the sample's among the row's."""
+    seed: int | None = None
+    """The rollout's seed: with the key and the request's index it seeds the request's sampling stream (None: the
+    engine's own seed), so rollouts that overlap (``async_rollouts``) never share or disturb each other's streams."""
+
+
+@dataclass
+class TrajectoryContext:
+    """One trajectory's context (see the module's docstring)."""
+
+    tag: TrajectoryTag | None = None
+    sampling_params: dict[str, Any] | None = None
+    """The rollout's sampling parameters, SGLang's dict."""
+    faults: list[str] = field(default_factory=list)
+    """Faults reported in the trajectory: each fails it once its agent returns, whatever the agent caught."""
+
+
+_CURRENT: ContextVar[TrajectoryContext | None] = ContextVar("lit_agentrl_trajectory", default=None)
+
+
+def enter_trajectory(context: TrajectoryContext) -> TrajectoryContext:
+    """Make ``context`` the current task's trajectory (and its child tasks'); returns it."""
+    _CURRENT.set(context)
+    return context
+
+
+def current_trajectory() -> TrajectoryContext | None:
+    """The running trajectory's context (None outside a rollout manager's trajectory)."""
+    return _CURRENT.get()
+
+
+def current_tag() -> TrajectoryTag | None:
+    """What the running trajectory's requests carry (None outside a rollout)."""
+    context = _CURRENT.get()
+    return context.tag if context is not None else None
+
+
+def report_fault(reason: str) -> None:
+    """Fail the running trajectory with ``reason`` once its agent returns (no-op outside a rollout).
+
+    Agents often wrap tool calls in a bare ``except:`` and tell the model "tool execute error" (the seed's examples
+    do), which is right for the model's mistakes and wrong for a broken set-up: code that detects such a fault calls
+    this before it raises, so the run does not train on trajectories whose every tool call failed and exit 0.
+    """
+    context = _CURRENT.get()
+    if context is not None:
+        context.faults.append(reason)

@@ -1,0 +1,72 @@
+"""What the transformers engines (in-process and in a process of their own) share at their front door: SGLang's
+``generate`` arguments split into one request per prompt, and each request's sampling stream.
+
+A request's stream decides its sampled tokens, so two engines that key streams alike sample alike: a trajectory's
+k-th request samples from (rollout seed, key, k) whenever it arrives, whatever runs beside it; an untagged request
+from (engine seed, n), the n-th since the last reseed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from lit_agentrl.context import TrajectoryTag
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """One prompt of a ``generate`` call, with its own sampling parameters (SGLang's dict) and images."""
+
+    prompt: list[int]
+    sampling_params: dict[str, Any] | None
+    image_data: Any = None
+
+
+def split_requests(
+    engine: str,
+    input_ids: list[int] | list[list[int]] | None,
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
+    extra: dict[str, Any],
+) -> tuple[list[PromptRequest], bool]:
+    """SGLang's arguments (one prompt or a batch of them, parameters and ``image_data`` alike) as one request per
+    prompt, and whether the caller gets a list back. ``extra``: the call's other keyword arguments, of which only
+    ``image_data`` is understood; ``engine`` names the engine in the errors."""
+    extra = dict(extra)
+    image_data = extra.pop("image_data", None)
+    unsupported = sorted(k for k, v in extra.items() if v is not None)
+    if unsupported:
+        raise ValueError(f"{engine}.async_generate: unsupported argument(s) {unsupported}")
+    if not input_ids:
+        raise ValueError("async_generate needs input_ids (a non-empty list of token ids, or a list of them)")
+    batched = isinstance(input_ids[0], list)
+    prompts = cast("list[list[int]]", input_ids if batched else [input_ids])
+    params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+    images = image_data if batched and image_data is not None else [image_data] * len(prompts)
+    if len(params) != len(prompts) or len(images) != len(prompts):
+        raise ValueError(f"got {len(prompts)} prompts, {len(params)} sampling_params and {len(images)} image_data")
+    if any(not prompt for prompt in prompts):
+        raise ValueError("async_generate: a prompt has no tokens")
+    requests = [PromptRequest(list(p), dict(s) if s else None, i) for p, s, i in zip(prompts, params, images)]
+    return requests, batched
+
+
+class StreamKeys:
+    """Each request's sampling stream, and its index: the trajectory's request count, or the engine's."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.submitted = seed, 0
+
+    def reseed(self, seed: int) -> None:
+        """Restart the untagged streams: the n-th request from now on samples from (seed, n)."""
+        self.seed, self.submitted = seed, 0
+
+    def next(self, tag: TrajectoryTag | None) -> tuple[Hashable, int]:
+        """The next request's stream and index (a tagged one's index is its trajectory's request count)."""
+        index = self.submitted
+        self.submitted += 1
+        if tag is None:
+            return (self.seed, index), index
+        index = tag.gate.next_request_index(tag.key)
+        return (self.seed if tag.seed is None else tag.seed, *tag.key, index), index
