@@ -51,6 +51,7 @@ from typing import Any
 from compute_floor import measure as measure_floor
 from shared import SHARED_MODEL
 
+from lit_agentrl.config.run_file import cpu_run, write_config
 from lit_agentrl.rewards import register_reward
 
 REWARD_NAME = "vs_trl_length"
@@ -59,7 +60,7 @@ PROMPTS_PER_STEP = 8
 N_SAMPLES = 8
 NEW_TOKENS = 64
 STOP_EVERY = 24
-ENGINE_PROCESS = {"engine": "transformers_process", "engine_kwargs": {"threads": 1}}
+ENGINE_PROCESS = {"engine": {"name": "transformers_process", "kwargs": {"threads": 1}}}
 """The async side whose engine runs in a process of its own: one torch thread there, beside the trainer's own."""
 """Variable lengths: every ``STOP_EVERY``-th token id (from 10) stops a completion, about 4% of a random
 model's draws, so lengths spread from 1 to 64 (about a third still reach 64)."""
@@ -119,7 +120,6 @@ def run_ours(
     ``ours_async`` (one step ahead, ``async_rollouts: {ahead: 1}``, with the off-policy correction it needs) or
     ``ours_async_process`` (the same with the engine in a process of its own, ``engine: transformers_process``)."""
     asynchronous = side in ("ours_async", "ours_async_process")
-    import yaml
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -139,55 +139,34 @@ def run_ours(
         sampling["ignore_eos"] = True
     else:
         sampling["stop_token_ids"] = stop_ids(len(tok), tok.eos_token_id)
-    config = {
-        "seed_everything": seed,
-        "trainer": {
-            "accelerator": "cpu",
-            "devices": 1,
-            "max_steps": steps,
-            "log_every_n_steps": 1,
-            "num_sanity_val_steps": 0,
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
-            "enable_checkpointing": False,
-            "default_root_dir": str(work),
-            "logger": {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": str(work), "name": "csv"},
-            },
-            "callbacks": [
-                {
-                    "class_path": "lit_agentrl.callbacks.RolloutCallback",
-                    "init_args": {
-                        "n_samples": N_SAMPLES,
-                        "sampling_params": sampling,
-                        "check_template_drift": False,
-                        "async_rollouts": {"ahead": 1} if asynchronous else None,
-                        **(ENGINE_PROCESS if side == "ours_async_process" else {}),
-                    },
-                },
-                {
-                    "class_path": "vs_trl.StepClock",
-                    "init_args": {"out": str(clock), "steps": str(work / "steps.jsonl")},
-                },
-            ],
+    config = cpu_run(
+        model_dir,
+        work,
+        max_steps=steps,
+        seed=seed,
+        rollout={
+            "n_samples": N_SAMPLES,
+            "sampling_params": sampling,
+            "check_template_drift": False,
+            "async_rollouts": {"ahead": 1} if asynchronous else None,
+            **(ENGINE_PROCESS if side == "ours_async_process" else {}),
         },
-        "model": {
-            "model_path": str(model_dir),
+        model={
             "optimizer": {"lr": lr, "grad_clip": 1.0},
             "loss": {"kl_coef": 0.0, "old_logprobs": "engine" if side == "ours" else "trainer"},
             "correction": {"kind": "tis"} if asynchronous else None,
         },
-        "data": {
+        data={
             "train_files": str(data),
             "prompts_per_step": PROMPTS_PER_STEP,
             "agent_modules": ["vs_trl"],
             "seed": seed,
         },
-    }
-    path = work / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+        callbacks=[
+            {"class_path": "vs_trl.StepClock", "init_args": {"out": str(clock), "steps": str(work / "steps.jsonl")}}
+        ],
+    )
+    return write_config(config, work / "config.yaml")
 
 
 def trl_worker(args: argparse.Namespace) -> None:
@@ -278,7 +257,7 @@ BREAKDOWN = {  # our per-step phases: CSV metric(s)
 
 def our_breakdown(work: Path, walls: list[float], warmup: int) -> dict[str, list[float]]:
     """Per measured step, seconds of each phase in :data:`BREAKDOWN`, and other = the wall time left over."""
-    path = next(work.glob("csv/version_*/metrics.csv"))
+    path = next(work.glob("logs/csv/version_*/metrics.csv"))
     by_step: dict[int, dict[str, float]] = {}
     with open(path) as f:
         for row in csv.DictReader(f):

@@ -141,9 +141,9 @@ SMOKE = Profile(
         "model.compute.param_dtype": "float32",
         "model.compute.gradient_checkpointing": False,
         "data.prompts_per_step": 2,
-        "rollout.engine": "transformers",
-        "rollout.engine_kwargs": {"dtype": "float32"},
-        "rollout.colocate": False,
+        "rollout.engine.name": "transformers",
+        "rollout.engine.kwargs": {"dtype": "float32"},
+        "rollout.engine.colocate": False,
         "rollout.n_samples": 2,
         "rollout.sampling_params": {"max_new_tokens": 8, "temperature": 1.0},
     },
@@ -476,6 +476,8 @@ def fit_config(profile: Profile, model_dir: Path, workdir: Path) -> dict[str, An
     logs in ``workdir`` and validation off."""
     import yaml
 
+    from lit_agentrl.config.run_file import set_keys
+
     config = yaml.safe_load(SMOKE_CONFIG.read_text())
     trainer = config["trainer"]
     for key in ("val_check_interval", "check_val_every_n_epoch"):
@@ -491,29 +493,20 @@ def fit_config(profile: Profile, model_dir: Path, workdir: Path) -> dict[str, An
     config["model"]["model_path"] = str(model_dir)
     for key in ("train_files", "val_files"):  # the fit runs in ``workdir``
         config["data"][key] = str(REPO_ROOT / config["data"][key])
-    rollout = trainer["callbacks"][0]["init_args"]
-    for dotted, value in profile.fit_overrides.items():
-        section, *parents, key = dotted.split(".")
-        node = rollout if section == "rollout" else config[section]
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[key] = value
-    return config
+    return set_keys(config, profile.fit_overrides)
 
 
 def measure_fit(profile: Profile, model_dir: Path, workdir: Path, sglang: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """A real ``lit-agentrl fit`` in a child process; its CSV's ``memory/*`` metrics, "missing" where not logged."""
-    import yaml
+    from lit_agentrl.config.run_file import rollout_args, write_config
 
     config = fit_config(profile, model_dir, workdir)
-    rollout = config["trainer"]["callbacks"][0]["init_args"]
-    if rollout["engine"] == "sglang" and not sglang["importable"]:
+    if rollout_args(config)["engine"]["name"] == "sglang" and not sglang["importable"]:
         raise Skip(sglang["error"])
     if config["trainer"]["accelerator"] in ("gpu", "cuda"):
         device_of(profile)  # Skip without a GPU
     workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = write_config(config, workdir / "config.yaml")
     seconds = run_fit(path, workdir, profile.fit_timeout_s, profile.cpu_threads)
     return fit_result(config, workdir, seconds)
 
@@ -558,6 +551,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def fit_result(config: dict[str, Any], workdir: Path, seconds: float) -> tuple[dict[str, Any], str]:
+    from lit_agentrl.config.run_file import rollout_args
+
     found = sorted((workdir / "logs").rglob("metrics.csv"))
     if not found:
         raise RuntimeError(f"the fit wrote no metrics.csv under {workdir / 'logs'}")
@@ -565,10 +560,10 @@ def fit_result(config: dict[str, Any], workdir: Path, seconds: float) -> tuple[d
         rows = list(csv.DictReader(f))
     steps = sum(1 for r in rows if r.get("rollout/reward_mean"))
     memory = {key: _max_logged(rows, key) for key in MEMORY_KEYS}
-    rollout = config["trainer"]["callbacks"][0]["init_args"]
+    engine = rollout_args(config)["engine"]
     metrics = {
-        "engine": rollout["engine"],
-        "colocate": rollout["colocate"],
+        "engine": engine["name"],
+        "colocate": engine.get("colocate", False),
         "steps": steps,
         "seconds": round(seconds, 1),
         "memory_gb": memory,  # each key's largest value over the logged steps; None: not logged
@@ -576,7 +571,7 @@ def fit_result(config: dict[str, Any], workdir: Path, seconds: float) -> tuple[d
     }
     shown = "; ".join(f"{k.removeprefix('memory/')} {v if v is not None else 'missing'}" for k, v in memory.items())
     summary = (
-        f"{rollout['engine']}, colocate {str(rollout['colocate']).lower()}: {steps} steps in {seconds:.0f} s; {shown}"
+        f"{engine['name']}, colocate {str(metrics['colocate']).lower()}: {steps} steps in {seconds:.0f} s; {shown}"
     )
     return metrics, summary
 

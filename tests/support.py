@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
+from lit_agentrl.config.run_file import cpu_run, write_config
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.sampling import SamplingParams
 
@@ -119,51 +119,31 @@ def quick_config(
     steps: int,
     callbacks: list[dict] | None = None,
     n_samples: int = 4,
-    engine_kwargs: dict | None = None,
+    engine_kwargs: dict | None = None,  # RolloutCallback.engine.kwargs
     **trainer,
 ) -> Path:
     """The quickstart's shape, made small: 4 prompts x ``n_samples`` samples per step."""
-    config = {
-        "seed_everything": 7,
-        "trainer": {
-            "accelerator": "cpu",
-            "devices": 1,
-            "max_steps": steps,
-            "log_every_n_steps": 1,
-            "num_sanity_val_steps": 0,
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
-            "enable_checkpointing": False,
-            "default_root_dir": str(tmp_path),
-            "logger": {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": str(tmp_path / "logs")},
-            },
-            "callbacks": [
-                {
-                    "class_path": "lit_agentrl.callbacks.RolloutCallback",
-                    "init_args": {
-                        "n_samples": n_samples,
-                        "engine_kwargs": engine_kwargs or {},
-                        "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
-                        "val_sampling_params": {"max_new_tokens": 4, "temperature": 0.0},
-                    },
-                },
-                *(callbacks or []),
-            ],
-            **trainer,
+    config = cpu_run(
+        model_dir,
+        tmp_path,
+        max_steps=steps,
+        rollout={
+            "n_samples": n_samples,
+            "engine": {"name": "transformers", "kwargs": engine_kwargs or {}},
+            "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
+            "val_sampling_params": {"max_new_tokens": 4, "temperature": 0.0},
         },
-        "model": {"model_path": str(model_dir), "optimizer": {"lr": 5.0e-4}},
-        "data": {
+        model={"optimizer": {"lr": 5.0e-4}},
+        data={
             "train_files": str(REPO_ROOT / "data/quickstart/train.jsonl"),
             "val_files": str(REPO_ROOT / "data/quickstart/val.jsonl"),
             "prompts_per_step": 4,
             "val_prompts_per_step": 10,
         },
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+        callbacks=callbacks or (),
+        **trainer,
+    )
+    return write_config(config, tmp_path / "config.yaml")
 
 
 def read_csv(path: Path) -> list[dict]:

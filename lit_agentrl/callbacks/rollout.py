@@ -9,58 +9,37 @@ the next rollout. Validation batches get their rollouts the same way.
 from __future__ import annotations
 
 import gc
-import os
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_agentrl.callbacks.ranks import TrainerCollective, engine_placement
-from lit_agentrl.callbacks.rollout_checks import check_async, check_module
-from lit_agentrl.data import AgentPromptDataModule
-from lit_agentrl.engines import RolloutEngine, SamplingParams, build_engines
-from lit_agentrl.errors import UserInputError
-from lit_agentrl.models.processors import load_policy_processor, load_tokenizer
-from lit_agentrl.registry import import_modules
+from lit_agentrl.callbacks.rollout_wiring import RolloutSettings, build_rollout, grpo_module, prompt_data, steps_left
+from lit_agentrl.config.rollout import EngineSettings
+from lit_agentrl.engines import RolloutEngine, SamplingParams
 from lit_agentrl.rollout.colocation import PhaseMemory
 from lit_agentrl.rollout.fleet import EngineFleet
 from lit_agentrl.rollout.health import RolloutHealth
 from lit_agentrl.rollout.loop import RolloutLoop
-from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.rollout.metrics import RolloutMetrics
 from lit_agentrl.rollout.schedule import AsyncRollouts
-from lit_agentrl.rollout.seeds import RolloutSeeds
-from lit_agentrl.training.module import GRPOModule
-from lit_agentrl.training.offload import TrainerOffload
 
 
 class RolloutCallback(Callback):
     """Drive agent rollouts through rollout engines and keep their weights equal to the policy's.
 
     Args:
-        engine: a registered engine name: ``transformers`` or ``sglang`` (one engine per rank), ``sglang_http``
-            (already running SGLang servers shared by all ranks; rank 0 pushes the weights), or your own
-            (``@register_engine("name")`` on a ``lit_agentrl.engines.RolloutEngine`` subclass).
-        engine_kwargs: passed to the engine's constructor (e.g. ``max_running_requests``, ``dtype``,
-            ``mem_fraction_static``; ``urls`` for ``sglang_http``).
-        engine_modules: modules (dotted names or ``.py`` paths) imported at setup, before the engines are
-            built, so the ``@register_engine`` of users' engines runs.
+        engine: the rank's engines, by name (``engine: sglang``) or as the group ``{name, kwargs, modules,
+            max_inflight, sync_bucket_mb, colocate, offload_trainer}`` (``lit_agentrl.config.rollout.EngineSettings``).
         n_samples: trajectories per training prompt (the GRPO group size).
         sampling_params: SGLang-style sampling parameters of training rollouts.
         val_n_samples: trajectories per validation prompt.
         val_sampling_params: sampling parameters of validation rollouts.
-        max_inflight_per_engine: most trajectories in flight against the engine.
         trajectory_timeout_s: a trajectory running longer is marked failed and left out of the loss.
         check_template_drift: count ``rollout/template_drift`` (one template render per trajectory).
-        sync_bucket_mb: size of the weight-sync buckets.
         max_failed_fraction: stop the run when more than this fraction of a step's trajectories (over all
             ranks) failed, quoting the most common reasons, instead of training on what is left.
-        colocate: the engine shares the trainer's GPU: its memory (weights and KV cache) is released outside
-            rollouts and resumed around the weight sync (needs SGLang's ``enable_memory_saver``); see
-            ``lit_agentrl.rollout.colocation``. The sync then runs before each rollout, not after each step.
-        offload_trainer: in colocated mode, move the trainer's parameters and optimizer state (and the reference's)
-            to host memory while the engine generates (default: on when ``colocate`` is; needs ``colocate``).
         flat_reward_warn_steps: warn (naming the likely causes) when every prompt group's rewards have been equal
             for this many steps in a row, as a missing ground truth or the wrong reward function makes them (0: off).
         async_rollouts: generate the next steps' rollouts while this step trains: how far ahead, whether weight pushes
@@ -76,49 +55,27 @@ class RolloutCallback(Callback):
 
     def __init__(
         self,
-        engine: str = "transformers",
-        engine_kwargs: dict[str, Any] | None = None,
-        engine_modules: list[str] | None = None,
+        engine: EngineSettings | str = "transformers",
         n_samples: int = 8,
         sampling_params: dict[str, Any] | None = None,
         val_n_samples: int = 1,
         val_sampling_params: dict[str, Any] | None = None,
-        max_inflight_per_engine: int = 256,
         trajectory_timeout_s: float | None = None,
         check_template_drift: bool = True,
-        sync_bucket_mb: int = 512,
         max_failed_fraction: float = 0.5,
-        colocate: bool = False,
-        offload_trainer: bool | None = None,
         flat_reward_warn_steps: int = 5,
         async_rollouts: AsyncRollouts | None = None,
     ) -> None:
-        if n_samples < 1 or val_n_samples < 1:
-            raise UserInputError(f"n_samples and val_n_samples must be >= 1, got {n_samples} and {val_n_samples}")
-        if sync_bucket_mb < 1:
-            raise UserInputError(f"sync_bucket_mb must be >= 1, got {sync_bucket_mb}")
-        if offload_trainer and not colocate:
-            raise UserInputError(
-                "RolloutCallback.offload_trainer needs colocate: true (the trainer's states leave the GPU only to make "
-                "room for an engine on the same GPU)"
-            )
-        if async_rollouts is not None and colocate:
-            raise UserInputError(
-                "RolloutCallback.async_rollouts generates while the trainer trains, so the engine cannot share the "
-                "trainer's GPU memory (colocate: true)",
-                hint="give the engine GPUs of its own (sglang_http servers), or drop async_rollouts with colocate",
-            )
-        self.sampling = SamplingParams.from_dict(sampling_params, where="RolloutCallback.sampling_params")
-        self.val_sampling = SamplingParams.from_dict(val_sampling_params, where="RolloutCallback.val_sampling_params")
-        self.engine_name, self.engine_kwargs = engine, dict(engine_kwargs or {})
-        self.engine_modules = list(engine_modules or [])
-        self.n_samples, self.val_n_samples = n_samples, val_n_samples
-        self.max_inflight_per_engine, self.trajectory_timeout_s = max_inflight_per_engine, trajectory_timeout_s
-        self.check_template_drift = check_template_drift
-        self.sync_bucket_bytes = sync_bucket_mb << 20
-        self.colocate = colocate
-        self.offload_trainer = colocate if offload_trainer is None else offload_trainer
-        self.async_rollouts = async_rollouts
+        self.settings = RolloutSettings(
+            engine=EngineSettings(name=engine) if isinstance(engine, str) else engine,
+            n_samples=n_samples,
+            sampling=SamplingParams.from_dict(sampling_params, where="RolloutCallback.sampling_params"),
+            val_n_samples=val_n_samples,
+            val_sampling=SamplingParams.from_dict(val_sampling_params, where="RolloutCallback.val_sampling_params"),
+            trajectory_timeout_s=trajectory_timeout_s,
+            check_template_drift=check_template_drift,
+            async_rollouts=async_rollouts,
+        )
         self.health = RolloutHealth(max_failed_fraction, flat_reward_warn_steps)
         self.metrics = RolloutMetrics()
         self.loop: RolloutLoop | None = None
@@ -135,45 +92,8 @@ class RolloutCallback(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.loop is not None:
             return
-        module = _grpo_module(pl_module)
-        check_module(module, self.val_n_samples)
-        tokenizer = load_tokenizer(module.model_path)
-        if not tokenizer.chat_template:
-            raise UserInputError(
-                f"the tokenizer at {module.model_path!r} has no chat template; agents need one to build prompts"
-            )
-        if self.engine_name in ("sglang", "sglang_http"):  # SGLang without a tokenizer: no stop strings
-            for where, params in (("sampling_params", self.sampling), ("val_sampling_params", self.val_sampling)):
-                params.check_without_tokenizer(self.engine_name, f"RolloutCallback.{where}")
-        collective = TrainerCollective(trainer, module.device)
-        seeds = RolloutSeeds(int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank)
-        import_modules(self.engine_modules, kind="engine")
-        engines = build_engines(
-            self.engine_name,
-            module.model_path,
-            seed=seeds.base,
-            placement=engine_placement(trainer),
-            **self.engine_kwargs,
-        )
-        offload = (lambda: _offload_states(trainer, module)) if self.offload_trainer else None
-        self.fleet = EngineFleet(engines, self.sync_bucket_bytes, collective, self.colocate, offload)
-        manager = RolloutManager(
-            engines,
-            tokenizer,
-            processor=load_policy_processor(module.model_path),  # None for a text policy
-            max_inflight_per_engine=self.max_inflight_per_engine,
-            trajectory_timeout_s=self.trajectory_timeout_s,
-            reward_fn=getattr(getattr(trainer, "datamodule", None), "reward_fn", None),  # a user's may have none
-            check_template_drift=self.check_template_drift,
-        )
-        self.loop = RolloutLoop(
-            manager, seeds, self.n_samples, self.sampling, self.val_n_samples, self.val_sampling, self.async_rollouts,
-            collective,
-        )  # fmt: skip
-        self.health.collective = collective
-        if self.async_rollouts is not None:
-            check_async(self.async_rollouts, getattr(trainer, "datamodule", None), module, engines, self.engine_name)
-            manager.start_background()  # refuses engines that cannot generate beside the trainer
+        self.loop, self.fleet = build_rollout(self.settings, trainer, grpo_module(pl_module))
+        self.health.collective = self.loop.collective
         self._apply_restored()
         self.metrics.to(pl_module.device)
         # Everything loaded so far (torch, transformers, LangGraph, the models) lives for the whole run: keep it out
@@ -202,9 +122,9 @@ class RolloutCallback(Callback):
         phases = memory.finish("sync")
         memory.start()
         busy = fleet.busy_seconds()
-        step = loop.train(batch, trainer.global_step, self._steps_left(trainer), _data(trainer))
+        step = loop.train(batch, trainer.global_step, steps_left(trainer), prompt_data(trainer))
         busy_after = fleet.busy_seconds()
-        if busy is not None and busy_after is not None and self.async_rollouts is None:  # async: it generated ahead too
+        if busy is not None and busy_after is not None and self.settings.async_rollouts is None:  # async: ahead too
             pl_module.log("time/generation_s", busy_after - busy, on_step=True, batch_size=1)
         phases.update(memory.finish("rollout"))
         offloaded = fleet.close_window()  # colocated: the training step gets the memory back (SGLang must be idle)
@@ -229,7 +149,7 @@ class RolloutCallback(Callback):
         fleet.stale = True
         # Colocated: before the next rollout, in the window that gives the engine the GPU. Async without partial
         # rollouts: before the next rollout too, once those in flight have finished on the weights they began with.
-        if not self.colocate and loop.pushes_after_step:
+        if not self.settings.engine.colocate and loop.pushes_after_step:
             self._prepare(trainer, pl_module)
 
     # ------------------------------------------------------------------ validation
@@ -267,7 +187,7 @@ class RolloutCallback(Callback):
     def _prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The engines at the policy's weights before they generate (in colocated mode, a window opened)."""
         loop, fleet = self._parts()
-        seconds = fleet.prepare(pl_module.device, _grpo_module(pl_module).policy, loop.version, loop.before_push)
+        seconds = fleet.prepare(pl_module.device, grpo_module(pl_module).policy, loop.version, loop.before_push)
         if seconds is not None:
             self.health.totals["syncs"] += 1
             if trainer.training:
@@ -280,30 +200,3 @@ class RolloutCallback(Callback):
         self.loop.load_state_dict(self._restored)
         self.fleet.stale = True  # the engines still hold the initial weights; the restored policy differs
         self._restored = None
-
-    def _steps_left(self, trainer: L.Trainer) -> int:
-        """Training steps (rollout batches) left in the run, this one included; a large number without max_steps."""
-        if not trainer.max_steps or trainer.max_steps < 0:
-            return 1 << 30
-        mini_batches = _grpo_module(trainer.lightning_module).optimizer.mini_batches
-        return max(0, (trainer.max_steps - trainer.global_step) // mini_batches)
-
-
-def _offload_states(trainer: L.Trainer, module: GRPOModule) -> list[TrainerOffload]:
-    """The trainer's parts a colocated window moves to host memory: the policy with its optimizer, the reference."""
-    optimizer = trainer.optimizers[0] if trainer.optimizers else None  # none when only validating
-    states = [TrainerOffload(module.policy, optimizer, module.device)]
-    if module.reference is not None:
-        states.append(TrainerOffload(module.reference, None, module.device))
-    return states
-
-
-def _data(trainer: L.Trainer) -> AgentPromptDataModule | None:
-    datamodule = getattr(trainer, "datamodule", None)
-    return datamodule if isinstance(datamodule, AgentPromptDataModule) else None
-
-
-def _grpo_module(pl_module: L.LightningModule) -> GRPOModule:
-    if not isinstance(pl_module, GRPOModule):
-        raise TypeError(f"RolloutCallback trains a GRPOModule, not a {type(pl_module).__name__}")
-    return pl_module

@@ -44,6 +44,12 @@ RENAMED: dict[str, str] = {
     "model.overlong_max_length": "model.overlong.max_length",
     "model.overlong_buffer": "model.overlong.buffer",
     "model.overlong_penalty_factor": "model.overlong.penalty_factor",
+    "RolloutCallback.engine_kwargs": "RolloutCallback.engine: {name: ..., kwargs: {...}}",
+    "RolloutCallback.engine_modules": "RolloutCallback.engine: {name: ..., modules: [...]}",
+    "RolloutCallback.max_inflight_per_engine": "RolloutCallback.engine: {name: ..., max_inflight: N}",
+    "RolloutCallback.sync_bucket_mb": "RolloutCallback.engine: {name: ..., sync_bucket_mb: N}",
+    "RolloutCallback.colocate": "RolloutCallback.engine: {name: ..., colocate: true}",
+    "RolloutCallback.offload_trainer": "RolloutCallback.engine: {name: ..., offload_trainer: ...}",
     "RolloutCallback.mode": "RolloutCallback.async_rollouts: null (sync) or {ahead: 1} (what mode: async did)",
     "RolloutCallback.max_staleness": "RolloutCallback.async_rollouts: {ahead: N} (how far ahead rollouts run; the "
     "staleness follows from it, and async_rollouts.max_staleness may only raise the drop threshold)",

@@ -134,10 +134,10 @@ class TransformersEngine(RolloutEngine):
         max_admission_wait_s: float = 0.02,
         prefix_cache_mb: float = 256,
     ) -> None:
-        torch_type = torch_dtype(dtype, where="engine_kwargs.dtype")
+        torch_type = torch_dtype(dtype, where="engine.kwargs.dtype")
         if max_running_requests < 1:
             raise UserInputError(f"max_running_requests must be >= 1, got {max_running_requests}")
-        self.model_path = model_path
+        self.model_path, self.weight_dtype = model_path, torch_type
         self.device = torch.device(device)
         auto = AutoModelForImageTextToText if is_vision_language(model_path) else AutoModelForCausalLM
         model: Any = auto.from_pretrained(model_path, dtype=torch_type)  # its ``to`` is mistyped
@@ -302,7 +302,7 @@ class TransformersEngine(RolloutEngine):
         requests, batched = split_requests("TransformersEngine", input_ids, sampling_params, extra)
         checked = []
         for request in requests:
-            params = SamplingParams.from_dict(request.sampling_params)
+            params = request.params
             images = self._prepare_images(request.prompt, request.image_data)
             checked.append((request.prompt, params, self._stop_window(params), images))
         futures = []

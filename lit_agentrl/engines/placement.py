@@ -35,9 +35,9 @@ class EnginePlacement:
         local_rank: the rank among its node's ranks, which is also its GPU (``trainer.local_rank``).
         local_world_size: ranks per node (``LOCAL_WORLD_SIZE``, or ``trainer.num_devices``).
         world_size: ranks in all (``trainer.world_size``); nodes hold ``local_world_size`` ranks each.
-        tp_size: the engine's tensor-parallel size (``engine_kwargs.tp_size``).
+        tp_size: the engine's tensor-parallel size (``engine.kwargs.tp_size``).
 
-    Raises ``ValueError`` when the numbers do not describe a layout, naming ``engine_kwargs.tp_size`` when the
+    Raises ``ValueError`` when the numbers do not describe a layout, naming ``engine.kwargs.tp_size`` when the
     node's ranks cannot be split into groups of ``tp_size``.
     """
 
@@ -49,7 +49,7 @@ class EnginePlacement:
 
     def __post_init__(self) -> None:
         if self.tp_size < 1:
-            raise UserInputError(f"engine_kwargs.tp_size must be >= 1, got {self.tp_size}")
+            raise UserInputError(f"engine.kwargs.tp_size must be >= 1, got {self.tp_size}")
         if self.local_world_size < 1 or self.world_size < self.local_world_size:
             raise ValueError(
                 f"engine placement: {self.local_world_size} ranks per node and {self.world_size} ranks in all "
@@ -63,7 +63,7 @@ class EnginePlacement:
             )
         if self.local_world_size > 1 and self.local_world_size % self.tp_size:
             raise UserInputError(
-                f"engine_kwargs.tp_size={self.tp_size} does not divide the {self.local_world_size} ranks per node: "
+                f"engine.kwargs.tp_size={self.tp_size} does not divide the {self.local_world_size} ranks per node: "
                 f"each engine takes tp_size consecutive GPUs of a node, shared by their ranks; use a tp_size that "
                 f"divides {self.local_world_size}"
             )

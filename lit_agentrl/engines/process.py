@@ -39,6 +39,7 @@ from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.requests import StreamKeys, split_requests
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.models.dtypes import torch_dtype
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class ProcessEngine(RolloutEngine):
 
         callbacks:
           - class_path: lit_agentrl.callbacks.RolloutCallback
-            init_args: {engine: transformers_process, mode: async, max_staleness: 1, engine_kwargs: {threads: 1}}
+            init_args: {engine: {name: transformers_process, kwargs: {threads: 1}}, async_rollouts: {ahead: 1}}
     """
 
     generates_beside_trainer = True
@@ -91,13 +92,14 @@ class ProcessEngine(RolloutEngine):
     def __init__(self, model_path: str, seed: int = 0, threads: int | None = None, **engine_kwargs: Any) -> None:
         if engine_kwargs.get("deterministic"):
             raise UserInputError(
-                "engine_kwargs.deterministic: true needs the engine in the trainer's process (its admission gate is "
+                "engine.kwargs.deterministic: true needs the engine in the trainer's process (its admission gate is "
                 "the rollout manager's)",
                 hint="use engine: transformers for deterministic admission, or drop deterministic",
             )
         if threads is not None and threads < 1:
-            raise UserInputError(f"engine_kwargs.threads must be >= 1, got {threads}")
+            raise UserInputError(f"engine.kwargs.threads must be >= 1, got {threads}")
         self.model_path = model_path
+        self.weight_dtype = torch_dtype(engine_kwargs.get("dtype", "float32"), where="engine.kwargs.dtype")
         self.streams = StreamKeys(seed)  # keyed here exactly as the in-process engine keys them
         self._weight_version = 0
         self._busy_seconds = 0.0

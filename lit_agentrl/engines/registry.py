@@ -27,7 +27,7 @@ ENGINES: Registry[type[RolloutEngine]] = Registry(
     error=UserInputError,
     unknown="unknown rollout engine {name!r}; registered engines: {names}. To add one, subclass "
     "lit_agentrl.engines.RolloutEngine, decorate it with @register_engine({name!r}) and list its module in "
-    "RolloutCallback.engine_modules.",
+    "RolloutCallback.engine.modules.",
 )
 E = TypeVar("E", bound=type[RolloutEngine])
 
@@ -75,7 +75,7 @@ def build_engines(
 ) -> list[RolloutEngine]:
     """The engines called ``name`` over the model at ``model_path``, built by the class's :meth:`~RolloutEngine.build`.
 
-    ``kwargs`` (the config's ``engine_kwargs``) go to the constructor: ``transformers`` and ``sglang`` give one
+    ``kwargs`` (the config's ``engine.kwargs``) go to the constructor: ``transformers`` and ``sglang`` give one
     in-process engine; ``sglang_http`` gives one client per entry of ``urls`` (balanced by the rollout manager).
     ``placement`` is this rank's place on its node (``RolloutCallback`` passes it): engines on the rank's GPUs
     use it (``sglang``: ``base_gpu_id``; ``transformers`` on ``cuda``: ``cuda:<local rank>``), others ignore it.

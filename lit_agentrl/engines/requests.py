@@ -1,5 +1,7 @@
-"""What the transformers engines (in-process and in a process of their own) share at their front door: SGLang's
-``generate`` arguments split into one request per prompt, and each request's sampling stream.
+"""The engines' one front door: SGLang's ``generate`` arguments split into one request per prompt, each with its
+sampling parameters parsed and checked once (:class:`~lit_agentrl.engines.sampling.SamplingParams`), so every engine
+refuses the same bad request with the same message. The transformers engines (in-process and in a process of their
+own) also key each request's sampling stream here; the SGLang engines join the requests back into SGLang's batch.
 
 A request's stream decides its sampled tokens, so two engines that key streams alike sample alike: a trajectory's
 k-th request samples from (rollout seed, key, k) whenever it arrives, whatever runs beside it; an untagged request
@@ -13,14 +15,16 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from lit_agentrl.context import TrajectoryTag
+from lit_agentrl.engines.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
 class PromptRequest:
-    """One prompt of a ``generate`` call, with its own sampling parameters (SGLang's dict) and images."""
+    """One prompt of a ``generate`` call, with its own sampling parameters (SGLang's dict, and parsed) and images."""
 
     prompt: list[int]
     sampling_params: dict[str, Any] | None
+    params: SamplingParams
     image_data: Any = None
 
 
@@ -48,8 +52,25 @@ def split_requests(
         raise ValueError(f"got {len(prompts)} prompts, {len(params)} sampling_params and {len(images)} image_data")
     if any(not prompt for prompt in prompts):
         raise ValueError("async_generate: a prompt has no tokens")
-    requests = [PromptRequest(list(p), dict(s) if s else None, i) for p, s, i in zip(prompts, params, images)]
+    where = f"{engine}.async_generate sampling_params"
+    requests = [
+        PromptRequest(list(p), dict(s) if s else None, SamplingParams.from_dict(s, where=where), i)
+        for p, s, i in zip(prompts, params, images)
+    ]
     return requests, batched
+
+
+def joined_requests(requests: list[PromptRequest], batched: bool) -> dict[str, Any]:
+    """The requests as one SGLang ``generate`` call's ``input_ids``, ``sampling_params`` and ``image_data``."""
+    if not batched:
+        (one,) = requests
+        return {"input_ids": one.prompt, "sampling_params": one.sampling_params or {}, "image_data": one.image_data}
+    images = [r.image_data for r in requests]
+    return {
+        "input_ids": [r.prompt for r in requests],
+        "sampling_params": [r.sampling_params or {} for r in requests],
+        "image_data": images if any(i is not None for i in images) else None,
+    }
 
 
 class StreamKeys:

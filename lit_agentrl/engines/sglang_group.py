@@ -1,4 +1,4 @@
-"""Ranks sharing one SGLang engine: ``engine: sglang`` with ``engine_kwargs.tp_size`` > 1 and several ranks per node.
+"""Ranks sharing one SGLang engine: ``engine: sglang`` with ``engine.kwargs.tp_size`` > 1 and several ranks per node.
 
 An engine of tensor-parallel size k takes k consecutive GPUs, which k consecutive ranks train on (see
 :mod:`lit_agentrl.engines.placement`). The group's first rank starts it as an SGLang HTTP server on those GPUs
@@ -39,7 +39,7 @@ def group_url(placement: EnginePlacement, group_port: int = DEFAULT_GROUP_PORT) 
 def server_command(
     model_path: str, seed: int, placement: EnginePlacement, server_args: dict[str, Any], group_port: int
 ) -> list[str]:
-    """The ``sglang.launch_server`` command the group's first rank runs: ``server_args`` (``engine_kwargs`` less
+    """The ``sglang.launch_server`` command the group's first rank runs: ``server_args`` (``engine.kwargs`` less
     what the group path sets) as command-line options, ``True`` as a bare flag, ``False``/None left out."""
     index = placement.local_rank // placement.group_size
     options: dict[str, Any] = {

@@ -75,7 +75,7 @@ def test_a_renamed_key_is_refused_naming_its_replacement(capsys, tmp_path, monke
     config = tmp_path / "old.yaml"
     config.write_text(
         "trainer:\n  callbacks:\n    - class_path: lit_agentrl.callbacks.RolloutCallback\n"
-        "      init_args: {mode: async, max_staleness: 1}\n"
+        "      init_args: {mode: async, max_staleness: 1, engine_kwargs: {}}\n"
     )
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--config", QUICKSTART, "--config", str(config)])
@@ -83,6 +83,12 @@ def test_a_renamed_key_is_refused_naming_its_replacement(capsys, tmp_path, monke
     err = capsys.readouterr().err.splitlines()
     assert err[0] == f"lit-agentrl: error: {config}: RolloutCallback.mode has been replaced"
     assert err[1].startswith("hint: use RolloutCallback.async_rollouts: null (sync) or {ahead: 1}")
+    config.write_text(
+        "trainer:\n  callbacks:\n    - class_path: RolloutCallback\n      init_args: {engine_kwargs: {dtype: float32}}\n"
+    )
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", QUICKSTART, "--config", str(config)])
+    assert capsys.readouterr().err.splitlines()[1] == "hint: use RolloutCallback.engine: {name: ..., kwargs: {...}}"
     with pytest.raises(SystemExit):
         main(["fit", "--config", QUICKSTART, "--model.normalize_advantage_std", "false"])
     err = capsys.readouterr().err.splitlines()

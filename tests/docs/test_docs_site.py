@@ -52,7 +52,16 @@ def test_every_page_is_built_and_nothing_is_written_into_the_repository(site: Pa
 
 def test_the_configuration_reference_is_generated_from_the_config_classes(site: Path):
     page = " ".join((site / "configuration.html").read_text().split())
-    for name in ("Optimizer", "Loss", "Correction", "Overlong", "Compute", "AsyncRollouts", "RolloutCallback"):
+    for name in (
+        "Optimizer",
+        "Loss",
+        "Correction",
+        "Overlong",
+        "Compute",
+        "AsyncRollouts",
+        "EngineSettings",
+        "RolloutCallback",
+    ):
         assert re.search(rf'id="lit_agentrl\.[\w.]*\.{name}"', page), name
     # a key's own docstring line, as the dataclass documents it
     assert "the published masked importance sampling" in page and "DAPO's clip-higher" in page
@@ -66,7 +75,7 @@ def test_the_readmes_example_config_parses_as_the_cli_parses_it(tmp_path: Path):
     run = parse_run(["--config", str(config), "--data.train_files", str(REPO_ROOT / settings["data"]["train_files"])])
     assert run.module.optimizer.lr == 5.0e-4 and run.module.correction is None
     (rollout,) = [c for c in run.callbacks if type(c).__name__ == "RolloutCallback"]
-    assert rollout.n_samples == 8 and rollout.sampling.max_new_tokens == 256
+    assert rollout.settings.n_samples == 8 and rollout.settings.sampling.max_new_tokens == 256
 
 
 def test_the_site_in_chromium(site: Path):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lit_agentrl.callbacks import RolloutCallback
+from lit_agentrl.config.rollout import EngineSettings
 from lit_agentrl.engines import (
     EngineWrapper,
     RolloutEngine,
@@ -66,7 +67,7 @@ def test_unknown_engine_lists_the_names_and_says_how_to_register():
         build_engines("nope", "unused")
     message = str(excinfo.value)
     assert "'sglang_http'" in message and "'transformers'" in message and "'recording_engine_for_tests'" in message
-    assert "@register_engine('nope')" in message and "engine_modules" in message
+    assert "@register_engine('nope')" in message and "engine.modules" in message
 
 
 def test_only_complete_rollout_engine_subclasses_register():
@@ -116,7 +117,7 @@ def test_weight_check_is_shared_and_names_the_bad_weight():
 
 
 def test_sglang_http_builds_one_client_per_url_and_needs_urls(tiny_model_dir):
-    with pytest.raises(ValueError, match=r"engine 'sglang_http' needs engine_kwargs\.urls"):
+    with pytest.raises(ValueError, match=r"engine 'sglang_http' needs engine\.kwargs\.urls"):
         build_engines("sglang_http", str(tiny_model_dir))
     engines = build_engines("sglang_http", str(tiny_model_dir), urls=["http://a:1/", "http://b:2"], timeout_s=5)
     assert [e.url for e in engines] == ["http://a:1", "http://b:2"] and all(e.shared for e in engines)
@@ -144,7 +145,7 @@ def fake_run(model_dir: Path) -> tuple[Any, Any]:
 
 def test_callback_imports_engine_modules_and_builds_the_named_engine(quickstart_model_dir):
     callback = RolloutCallback(
-        engine="recording_engine_for_tests", engine_kwargs={"max_running_requests": 4}, engine_modules=[__name__]
+        engine=EngineSettings("recording_engine_for_tests", {"max_running_requests": 4}, [__name__])
     )
     trainer, pl_module = fake_run(quickstart_model_dir)
     callback.setup(trainer, pl_module, "fit")
@@ -160,9 +161,10 @@ def test_callback_imports_engine_modules_and_builds_the_named_engine(quickstart_
 def test_callback_names_an_engine_module_that_cannot_be_imported(quickstart_model_dir, tmp_path):
     trainer, pl_module = fake_run(quickstart_model_dir)
     with pytest.raises(ModuleNotFoundError, match="cannot import engine module 'no_such_engines_module'"):
-        RolloutCallback(engine_modules=["no_such_engines_module"]).setup(trainer, pl_module, "fit")
+        RolloutCallback(engine=EngineSettings(modules=["no_such_engines_module"])).setup(trainer, pl_module, "fit")
     with pytest.raises(FileNotFoundError, match=r"engine module file .*missing_engines\.py"):
-        RolloutCallback(engine_modules=[str(tmp_path / "missing_engines.py")]).setup(trainer, pl_module, "fit")
+        missing = EngineSettings(modules=[str(tmp_path / "missing_engines.py")])
+        RolloutCallback(engine=missing).setup(trainer, pl_module, "fit")
 
 
 def test_callback_loads_an_engine_module_by_path(quickstart_model_dir, tmp_path):
@@ -174,7 +176,7 @@ def test_callback_loads_an_engine_module_by_path(quickstart_model_dir, tmp_path)
         "class PathEngine(TransformersEngine):\n"
         "    pass\n"
     )
-    callback = RolloutCallback(engine="path_engine_for_test", engine_modules=[str(module)])
+    callback = RolloutCallback(engine=EngineSettings("path_engine_for_test", modules=[str(module)]))
     trainer, pl_module = fake_run(quickstart_model_dir)
     callback.setup(trainer, pl_module, "fit")
     try:
@@ -194,10 +196,16 @@ def test_a_fit_generates_and_syncs_through_the_users_engine(tmp_path, quickstart
     config = quick_config(tmp_path, quickstart_model_dir, steps=1)
     settings = yaml.safe_load(config.read_text())
     settings["trainer"]["callbacks"][0]["init_args"].update(
-        {"engine": "recording_engine_for_tests", "engine_modules": [__name__]}
+        {"engine": {"name": "recording_engine_for_tests", "modules": [__name__]}}
     )
     config.write_text(yaml.safe_dump(settings))
     BUILT.clear()
     main(["fit", "--config", str(config)])
     (engine,) = BUILT
     assert engine.requests >= 16 and engine.updates >= 1  # 4 prompts x 4 samples, then the weight sync
+
+
+def test_an_engine_named_alone_is_the_group_with_that_name():
+    assert RolloutCallback(engine="sglang").settings.engine == EngineSettings(name="sglang")
+    with pytest.raises(ValueError, match=r"RolloutCallback\.engine\.max_inflight must be >= 1"):
+        EngineSettings(max_inflight=0)

@@ -40,7 +40,7 @@ def test_is_the_registered_rollout_engine(engine):
 
 
 def test_unknown_dtype_names_the_setting(tiny_model_dir):
-    with pytest.raises(ValueError, match=r"engine_kwargs\.dtype must be one of .*'float32'.*got 'int8'"):
+    with pytest.raises(ValueError, match=r"engine\.kwargs\.dtype must be one of .*'float32'.*got 'int8'"):
         TransformersEngine(str(tiny_model_dir), dtype="int8")
 
 

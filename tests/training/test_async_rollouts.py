@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.cli import main
+from lit_agentrl.config.rollout import EngineSettings
 from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.rollout.loop import RolloutLoop
@@ -40,7 +41,8 @@ def async_config(folder, model_dir, *, schedule=None, model=None, steps=STEPS, *
     record = {"class_path": "probes.PromptRecorder", "init_args": {"path": str(folder / "prompts.jsonl")}}
     path = quick_config(folder, model_dir, steps, [export, record], engine_kwargs={"deterministic": True})
     config = yaml.safe_load(path.read_text())
-    config["trainer"]["callbacks"][0]["init_args"].update(async_rollouts=schedule, **rollout)
+    callback = config["trainer"]["callbacks"][0]["init_args"]
+    callback.update(async_rollouts=schedule, **rollout)
     config["model"].update(model or {})
     path.write_text(yaml.safe_dump(config))
     return path
@@ -89,7 +91,7 @@ def test_one_step_ahead_trains_on_one_update_old_trajectories(tmp_path, quicksta
     [
         {},
         # The engine in a process of its own (timing-driven admission: deterministic needs the trainer's process).
-        {"engine": "transformers_process", "engine_kwargs": {"threads": 1}},
+        {"engine": {"name": "transformers_process", "kwargs": {"threads": 1}}},
     ],
     ids=["in-process", "engine-process"],
 )
@@ -164,7 +166,7 @@ def test_a_slow_tail_is_carried_to_the_next_step_and_across_a_resume(tmp_path, q
     folder, steps = tmp_path / "run", 4
     schedule = {"ahead": 0, "partial": True, "ready_fraction": 0.5}  # a carried group: one update old
     config_path = async_config(
-        folder, quickstart_model_dir, schedule=schedule, model=CORRECTED, steps=steps, engine_kwargs={}
+        folder, quickstart_model_dir, schedule=schedule, model=CORRECTED, steps=steps, engine={"name": "transformers"}
     )
     config = yaml.safe_load(config_path.read_text())
     # Unshuffled, every step has two fast and two slow rows: it trains the fast ones and carries the slow ones.
@@ -224,7 +226,7 @@ def test_the_staleness_a_schedule_produces():
 
 def test_async_rollouts_cannot_share_the_trainers_gpu():
     with pytest.raises(UserInputError, match="cannot share the trainer's GPU memory"):
-        RolloutCallback(async_rollouts=AsyncRollouts(), colocate=True)
+        RolloutCallback(EngineSettings(colocate=True), async_rollouts=AsyncRollouts())
 
 
 def test_a_checkpoints_carried_groups_are_not_dropped_silently(scripted_engine_factory, tokenizer):

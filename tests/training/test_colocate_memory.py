@@ -11,8 +11,8 @@ import yaml
 from safetensors.torch import load_file
 from support import quick_config, read_csv
 
-from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.cli import main
+from lit_agentrl.config.rollout import EngineSettings
 from lit_agentrl.engines import RolloutEngine
 from lit_agentrl.rollout.colocation import ColocatedCycle
 from lit_agentrl.rollout.fleet import EngineFleet
@@ -116,9 +116,9 @@ def test_every_window_after_a_release_pushes_the_weights_again():
 
 def test_offload_trainer_needs_colocate():
     with pytest.raises(ValueError, match="offload_trainer needs colocate: true"):
-        RolloutCallback(offload_trainer=True)
-    assert RolloutCallback(colocate=True).offload_trainer and not RolloutCallback().offload_trainer
-    assert not RolloutCallback(colocate=True, offload_trainer=False).offload_trainer
+        EngineSettings(offload_trainer=True)
+    assert EngineSettings(colocate=True).offloads and not EngineSettings().offloads
+    assert not EngineSettings(colocate=True, offload_trainer=False).offloads
 
 
 @pytest.mark.slow
@@ -135,7 +135,7 @@ def test_a_colocated_fit_trains_what_a_plain_fit_trains(tmp_path, quickstart_mod
             check_val_every_n_epoch=None,
         )  # fmt: skip
         settings = yaml.safe_load(config.read_text())
-        settings["trainer"]["callbacks"][0]["init_args"]["colocate"] = colocate
+        settings["trainer"]["callbacks"][0]["init_args"]["engine"]["colocate"] = colocate
         settings["trainer"]["callbacks"].append(
             {
                 "class_path": "lit_agentrl.callbacks.export.HFExportCallback",

@@ -25,7 +25,7 @@ def test_fit_with_the_sglang_engine_syncs_weights_each_step(tmp_path, quickstart
     path = quick_config(tmp_path, quickstart_model_dir, steps=3, callbacks=[probe], n_samples=8)
     config = yaml.safe_load(path.read_text())
     rollout = config["trainer"]["callbacks"][0]["init_args"]
-    rollout.update({"engine": "sglang", "engine_kwargs": dict(SGLANG_CPU)})
+    rollout.update({"engine": {"name": "sglang", "kwargs": dict(SGLANG_CPU)}})
     config["model"]["optimizer"] = {
         "weight_decay": 0.05,
         "lr": 0.05,
@@ -54,8 +54,7 @@ def test_async_fit_against_an_sglang_server_generates_one_step_ahead(tmp_path, q
         config = yaml.safe_load(path.read_text())
         rollout = config["trainer"]["callbacks"][0]["init_args"]
         rollout.update(
-            engine="sglang_http",
-            engine_kwargs={"urls": [f"http://127.0.0.1:{port}"]},
+            engine={"name": "sglang_http", "kwargs": {"urls": [f"http://127.0.0.1:{port}"]}},
             async_rollouts={"ahead": 1, "partial": partial_rollouts},
         )
         config["model"].update(loss={"old_logprobs": "trainer"}, correction={"kind": "tis"})
