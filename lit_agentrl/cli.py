@@ -12,6 +12,7 @@ command exits with status 2, as for a command-line error; ``LIT_AGENTRL_TRACEBAC
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import statistics
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
@@ -30,7 +31,7 @@ from lit_agentrl.callbacks import StepProgressBar, TrajectoryLog
 from lit_agentrl.config.renamed import refuse_renamed_keys
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.plan import GB, PlanInputs, TrainerLayout, inputs_from_run, plan_memory, trainer_layout
+from lit_agentrl.plan import GB, PlanInputs, inputs_from_run, plan_memory, trainer_layout
 from lit_agentrl.training.module import GRPOModule
 
 REWARD_KEY = "rollout/reward_mean"
@@ -105,7 +106,8 @@ class AgentRLCLI(LightningCLI):
         gpu_memory = torch.cuda.get_device_properties(0).total_memory
         rollout = next((c for c in self.trainer.callbacks if type(c).__name__ == "RolloutCallback"), None)  # type: ignore[attr-defined]
         layout = trainer_layout(settings.get("trainer"))
-        plan = plan_memory(inputs_from_run(self.model, rollout, self.datamodule, layout, gpu_memory))
+        checkpoint = self.trainer.checkpoint_callback
+        plan = plan_memory(inputs_from_run(self.model, rollout, self.datamodule, layout, gpu_memory, checkpoint))
         if not plan.fits:
             raise SystemExit(
                 f"lit-agentrl fit: the run does not fit on this GPU ({gpu_memory / 1e9:.0f} GB): "
@@ -298,9 +300,10 @@ def inputs_from_args(args: list[str], gpu_memory: int = 80 * GB, devices: int | 
     run = parse_run(args)
     layout = trainer_layout(run.trainer)
     if devices is not None:
-        layout = TrainerLayout(devices, layout.nodes, devices)
+        layout = dataclasses.replace(layout, devices=devices, data_parallel_size=devices)
     rollout = next((c for c in run.callbacks if type(c).__name__ == "RolloutCallback"), None)
-    return inputs_from_run(run.module, rollout, run.data, layout, gpu_memory)
+    checkpoint = next((c for c in run.callbacks if isinstance(c, ModelCheckpoint)), None)
+    return inputs_from_run(run.module, rollout, run.data, layout, gpu_memory, checkpoint)
 
 
 def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> PlanInputs:

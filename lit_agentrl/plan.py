@@ -19,7 +19,7 @@ read), then models what the code does *today*:
   ``mem_fraction_static x GPU memory - weights``; released during training when ``enable_memory_saver``.
 * The trainer's CUDA caching allocator: in colocated mode ``RolloutCallback`` empties it before SGLang resumes
   (``torch.cuda.empty_cache()``), so only the sharded states stay; otherwise the memory reserved at the training
-  peak stays reserved beside SGLang's (``PlanInputs.trainer_cache_released``). With ``offload_trainer`` (on by
+  peak stays reserved beside SGLang's (``PlanInputs.trainer_cache_released``). With ``engine.offload_trainer`` (on by
   default in colocated mode) the sharded parameters and AdamW states leave the GPU while SGLang generates
   (``lit_agentrl.rollout.colocation``): the AdamW states before the weight sync, the parameters after it.
 * Host memory at load: under FSDP2 (more than one rank) rank 0 alone reads one fp32 copy on the CPU and broadcasts
@@ -66,8 +66,8 @@ class PlanInputs(ModelShapes):
     """Plain numbers a memory plan is computed from: the model's shapes, then the run's settings from the config."""
 
     param_dtype: str = "float32"  # model.param_dtype: the compute / all-gather dtype
-    engine_dtype: str = "bfloat16"  # engine_kwargs.dtype
-    engine_tp_size: int = 1  # engine_kwargs.tp_size
+    engine_dtype: str = "bfloat16"  # engine.kwargs.dtype
+    engine_tp_size: int = 1  # engine.kwargs.tp_size
     data_parallel_size: int = 1
     gpu_memory: int = 80 * GB
     micro_batch_tokens: int = 16384
@@ -89,6 +89,9 @@ class PlanInputs(ModelShapes):
     trainer_cache_released: bool = False  # torch.cuda.empty_cache() runs before each rollout (colocated mode)
     trainer_offloaded: bool = False  # parameters and AdamW states in host memory while SGLang generates
     sync_bucket_mb: int = 512
+    max_steps: int = -1  # trainer.max_steps (-1: unbounded)
+    checkpoint_every_n_steps: int | None = None  # ModelCheckpoint.every_n_train_steps (None: no checkpoints)
+    checkpoints_kept: int = -1  # ModelCheckpoint.save_top_k (-1: every one)
 
 
 @dataclass
@@ -237,12 +240,26 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     # the trainer reserved at its peak unless the cache is emptied.
     trainer_idle = sharded if x.trainer_cache_released else max(trainer_training, trainer_optimizer)
     # The weight sync (colocated: SGLang's weights resumed, its KV cache not yet; AdamW states already offloaded):
-    # the sharded parameters, one bucket of gathered full tensors and its flattened copy.
+    # the sharded parameters, one bucket of tensors in the engine's dtype and its flattened copy, and the largest
+    # tensor (embedding or head) as gathered in fp32 and cast, beside the bucket not yet sent
+    # (lit_agentrl.engines.weight_sync).
     offloaded = x.colocate and x.trainer_offloaded
-    f["weight-sync buckets (2 x bucket)"] = 2 * x.sync_bucket_mb * 2**20
-    trainer_sync = (f["parameters (fp32, sharded)"] if offloaded else trainer_idle) + f[
-        "weight-sync buckets (2 x bucket)"
-    ]
+    engine_bytes = DTYPE_BYTES[x.engine_dtype]
+    f["weight push per sync (engine dtype)"] = p * engine_bytes
+    f["weight-sync bucket and its flattened copy"] = 2 * x.sync_bucket_mb * 2**20
+    f["weight-sync largest tensor (fp32 + cast)"] = (4 + engine_bytes) * x.vocab_size * x.hidden_size
+    trainer_sync = (
+        (f["parameters (fp32, sharded)"] if offloaded else trainer_idle)
+        + f["weight-sync bucket and its flattened copy"]
+        + f["weight-sync largest tensor (fp32 + cast)"]
+    )
+    # Host memory: the offloaded states wait in pinned memory; checkpoints hold the fp32 policy, AdamW and the
+    # reference (a submodule of the module) whole.
+    f["host pinned memory (offload), per rank"] = sharded if offloaded else 0
+    f["host pinned memory (offload), per node"] = sharded * x.ranks_per_node if offloaded else 0
+    f["checkpoint on disk, each"] = 12 * p + (4 * p if x.kl_coef > 0 else 0)
+    kept = checkpoints_kept(x)
+    f["checkpoints on disk, all kept"] = f["checkpoint on disk, each"] * kept if kept is not None else 0
     phases["weight sync"] = trainer_sync + (engine_weights if released else engine_total)
     phases["generation"] = (0 if offloaded else trainer_idle) + engine_total
     phases["training"] = trainer_training + engine_in_training
@@ -272,7 +289,26 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
         warnings.append("colocate is false: SGLang keeps its memory during training too")
     if x.max_prompt_length == 0:
         warnings.append("data.max_prompt_length is not set: the worst case counts responses only")
+    if x.checkpoint_every_n_steps and x.checkpoints_kept < 0:
+        if kept is None:
+            count = f"one every {x.checkpoint_every_n_steps} steps without end (no max_steps)"
+        else:
+            count = f"{kept} of them, {f['checkpoints on disk, all kept'] / GB:,.0f} GB"
+        warnings.append(
+            f"ModelCheckpoint keeps every checkpoint (save_top_k: -1): {count}; keep the newest k with "
+            "save_top_k: k, monitor: step, mode: max"
+        )
     return MemoryPlan(f, phases, kv_per_token, kv_tokens, worst, x.gpu_memory, not reasons, reasons, warnings)
+
+
+def checkpoints_kept(x: PlanInputs) -> int | None:
+    """How many checkpoints a run leaves on disk at most; None when it saves them without end."""
+    if not x.checkpoint_every_n_steps or x.checkpoints_kept == 0:
+        return 0
+    if x.max_steps > 0:
+        saved = x.max_steps // x.checkpoint_every_n_steps
+        return saved if x.checkpoints_kept < 0 else min(saved, x.checkpoints_kept)
+    return None if x.checkpoints_kept < 0 else x.checkpoints_kept
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -318,11 +354,12 @@ def model_shapes(model_path: str) -> ModelShapes:
 
 @dataclass(frozen=True)
 class TrainerLayout:
-    """How many GPUs a run takes, as its ``trainer`` settings say."""
+    """How many GPUs a run takes and how many steps it trains, as its ``trainer`` settings say."""
 
     devices: int = 1
     nodes: int = 1
     data_parallel_size: int = 1
+    max_steps: int = -1
 
 
 def trainer_layout(trainer: Any) -> TrainerLayout:
@@ -333,24 +370,27 @@ def trainer_layout(trainer: Any) -> TrainerLayout:
     strategy = trainer.get("strategy")
     init_args = strategy.get("init_args") if hasattr(strategy, "get") else None
     dp = init_args.get("data_parallel_size") if init_args is not None else None
-    return TrainerLayout(devices, nodes, dp if isinstance(dp, int) else devices * nodes)
+    max_steps = trainer.get("max_steps", -1)
+    return TrainerLayout(
+        devices, nodes, dp if isinstance(dp, int) else devices * nodes, max_steps if isinstance(max_steps, int) else -1
+    )
 
 
 def inputs_from_run(
-    module: Any, rollout: Any, data: Any, layout: TrainerLayout, gpu_memory: int = 80 * GB
+    module: Any, rollout: Any, data: Any, layout: TrainerLayout, gpu_memory: int = 80 * GB, checkpoint: Any = None
 ) -> PlanInputs:
-    """:class:`PlanInputs` from a run's built objects (a ``GRPOModule``, its ``RolloutCallback``, its data module):
-    what the CLI built from the config, defaults included, never the YAML read again."""
+    """:class:`PlanInputs` from a run's built objects (a ``GRPOModule``, its ``RolloutCallback``, its data module, its
+    ``ModelCheckpoint`` if any): what the CLI built from the config, defaults included, never the YAML read again."""
     from lit_agentrl.callbacks.rollout import RolloutCallback
 
-    rollout = rollout if rollout is not None else RolloutCallback()
-    engine_kwargs = rollout.engine_kwargs
+    settings = (rollout if rollout is not None else RolloutCallback()).settings
+    engine = settings.engine
     compute = module.compute
     return PlanInputs(
         **dataclasses.asdict(model_shapes(str(module.model_path))),
         param_dtype=str(compute.param_dtype),
-        engine_dtype=str(engine_kwargs.get("dtype", "bfloat16")),
-        engine_tp_size=int(engine_kwargs.get("tp_size", 1)),
+        engine_dtype=str(engine.kwargs.get("dtype", "bfloat16")),
+        engine_tp_size=int(engine.kwargs.get("tp_size", 1)),
         data_parallel_size=layout.data_parallel_size,
         gpu_memory=gpu_memory,
         micro_batch_tokens=compute.micro_batch_tokens,
@@ -359,17 +399,21 @@ def inputs_from_run(
         sequence_packing=compute.sequence_packing,
         kl_coef=module.loss.kl_coef,
         entropy_coef=module.loss.entropy_coef,
-        temperature=rollout.sampling.temperature,
-        engine=rollout.engine_name,
-        colocate=rollout.colocate,
-        trainer_cache_released=rollout.colocate,  # RolloutCallback empties the cache before SGLang resumes
-        trainer_offloaded=rollout.offload_trainer,
-        sync_bucket_mb=rollout.sync_bucket_bytes >> 20,
-        mem_fraction_static=engine_kwargs.get("mem_fraction_static"),
-        enable_memory_saver=bool(engine_kwargs.get("enable_memory_saver", False)),
+        temperature=settings.sampling.temperature,
+        engine=engine.name,
+        colocate=engine.colocate,
+        trainer_cache_released=engine.colocate,  # RolloutCallback empties the cache before SGLang resumes
+        trainer_offloaded=engine.offloads,
+        sync_bucket_mb=engine.sync_bucket_mb,
+        mem_fraction_static=engine.kwargs.get("mem_fraction_static"),
+        enable_memory_saver=bool(engine.kwargs.get("enable_memory_saver", False)),
         prompts_per_step=int(getattr(data, "prompts_per_step", 8)),
-        n_samples=rollout.n_samples,
+        n_samples=settings.n_samples,
         max_prompt_length=int(getattr(data, "max_prompt_length", 0) or 0),
-        max_new_tokens=rollout.sampling.max_new_tokens,
+        max_new_tokens=settings.sampling.max_new_tokens,
         ranks_per_node=layout.devices,
+        max_steps=layout.max_steps,
+        # ModelCheckpoint keeps the step interval private; a checkpoint saved by epoch or time is not planned
+        checkpoint_every_n_steps=getattr(checkpoint, "_every_n_train_steps", None) or None,
+        checkpoints_kept=int(getattr(checkpoint, "save_top_k", -1)),
     )

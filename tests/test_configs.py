@@ -56,3 +56,20 @@ def test_batch_sizes_divide_among_the_configs_own_processes(path: Path):
 @pytest.mark.parametrize("path", AGENT_CONFIGS, ids=lambda p: p.name)
 def test_agent_config_loads(path: Path):
     assert load_agent_cfg(path) is not None
+
+
+# CPython versions SGLang 0.5.23 publishes wheels for (`pip download --no-deps sglang==0.5.23 --only-binary=:all:
+# --python-version 3.X` on PyPI: cp311, cp312 and cp313; no cp310).
+SGLANG_PYTHONS = ("3.11", "3.12", "3.13")
+
+
+def test_the_package_admits_no_python_the_pinned_sglang_cannot_install_on():
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert "sglang==0.5.23" in project["optional-dependencies"]["sglang"]
+    admitted = SpecifierSet(project["requires-python"])
+    assert not admitted.contains("3.10")  # a 3.10 user would install the package and then fail on SGLang
+    assert all(admitted.contains(v) for v in SGLANG_PYTHONS)

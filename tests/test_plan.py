@@ -117,14 +117,36 @@ def test_qwen3_8b_on_8_gpus_fits(qwen3_8b_dir: Path):
     assert 30 * GB < p["training"] < 40 * GB  # chunked log-probs: 3.1 GB for the head instead of 34.9 GB
     assert p["optimizer step"] < p["training"]
     assert p["generation"] == pytest.approx(0.85 * 80 * GB, rel=0.001)  # SGLang alone
-    # The sync: fp32 parameter shards (4.1 GB), SGLang's bf16 weights (16.4 GB), two 512 MiB buckets.
-    assert p["weight sync"] == pytest.approx(4.1 * GB + 16.4 * GB + 2 * 512 * 2**20, rel=0.01)
+    # The sync: fp32 parameter shards (4.1 GB), SGLang's bf16 weights (16.4 GB), a 512 MiB bucket and its flattened
+    # copy, and the head gathered in fp32 and cast to bf16 (6 x 151936 x 4096 = 3.7 GB).
+    assert p["weight sync"] == pytest.approx(4.1 * GB + 16.4 * GB + 2 * 512 * 2**20 + 3.73 * GB, rel=0.01)
     assert plan.fits, plan.reasons
     assert any("worst case" in w for w in plan.warnings)  # 350k tokens of KV cache against 786k
     resident = plan_memory(replace(inputs_from_config(config_8b(qwen3_8b_dir)), trainer_offloaded=False))
     assert not resident.fits and resident.reasons[0].startswith("the generation phase needs")
     full_logits = replace(inputs_from_config(config_8b(qwen3_8b_dir)), logprob_chunk_tokens=0)
     assert plan_memory(full_logits).phases["training"] > 65 * GB
+
+
+def test_qwen3_8b_sync_host_memory_and_checkpoint_disk_by_hand(qwen3_8b_dir: Path):
+    p = model_shapes(str(qwen3_8b_dir)).num_params
+    plan = plan_memory(inputs_from_config(config_8b(qwen3_8b_dir)))
+    f = plan.figures
+    assert f["weight push per sync (engine dtype)"] == 2 * p  # bf16 to the bf16 engine: 16.4 GB, not fp32's 32.8
+    assert f["host pinned memory (offload), per rank"] == 12 * p // 8  # fp32 parameters and AdamW's two states
+    assert f["host pinned memory (offload), per node"] == 8 * (12 * p // 8) == pytest.approx(98.3 * GB, rel=0.01)
+    assert f["checkpoint on disk, each"] == 12 * p  # fp32 parameters and AdamW whole
+    assert f["checkpoints on disk, all kept"] == 2 * 12 * p  # the shipped config keeps the newest 2
+    assert not any("ModelCheckpoint" in w for w in plan.warnings)
+
+    every = config_8b(qwen3_8b_dir)
+    every["trainer"]["callbacks"][1]["init_args"] = {"every_n_train_steps": 5, "save_top_k": -1}
+    unbounded = plan_memory(inputs_from_config(every))
+    assert unbounded.figures["checkpoints on disk, all kept"] == 40 * 12 * p  # 200 steps / 5: 3.9 TB
+    (warning,) = [w for w in unbounded.warnings if "ModelCheckpoint" in w]
+    assert "40 of them, 3,932 GB" in warning and "save_top_k: k, monitor: step, mode: max" in warning
+    with_reference = plan_memory(replace(inputs_from_config(config_8b(qwen3_8b_dir)), kl_coef=0.1))
+    assert with_reference.figures["checkpoint on disk, each"] == 16 * p  # the frozen reference is saved too
 
 
 def test_qwen3_8b_on_1_gpu_does_not_fit(qwen3_8b_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch):

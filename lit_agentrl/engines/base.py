@@ -54,6 +54,11 @@ class RolloutEngine(abc.ABC):
     busy_seconds: float | None = None
     """Model compute so far, for the step-time breakdown; None where the engine cannot count it (SGLang)."""
 
+    weight_dtype: torch.dtype | None = None
+    """The dtype the engine holds its weights in: :func:`~lit_agentrl.engines.weight_sync.sync_weights` casts each
+    gathered tensor to it before pushing (a bf16 engine gets half the bytes of the fp32 master weights, rounded as its
+    own load would round them); None: pushed as the trainer holds them."""
+
     weight_version: int = 0
     """Training steps in the weights it generates with, set by :func:`~lit_agentrl.engines.weight_sync.sync_weights`
     inside the update session; trajectories record it (their staleness in ``mode: async``)."""
@@ -76,7 +81,7 @@ class RolloutEngine(abc.ABC):
         Override it when a config describes several engines (``sglang_http``: one client per server URL), or
         when the engine places itself on this rank's devices: ``placement`` says where this rank is (its local
         rank, the ranks per node; None outside a trainer). The default ignores it, as engines that run where
-        their ``engine_kwargs`` say (on CPU, or remote servers) should.
+        their ``engine.kwargs`` say (on CPU, or remote servers) should.
         """
         engine_class: Any = cls  # subclasses define the constructor; the base has none to check against
         return [engine_class(model_path, seed=seed, **kwargs)]

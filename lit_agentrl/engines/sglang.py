@@ -13,6 +13,7 @@ import base64
 import logging
 import os
 import pickle
+import socket
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,9 +23,11 @@ from lit_agentrl.context import current_tag
 from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors, expected_weight_shapes
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
-from lit_agentrl.engines.sampling import SamplingParams
+from lit_agentrl.engines.requests import joined_requests, split_requests
+from lit_agentrl.engines.sglang_group import DEFAULT_GROUP_PORT
 from lit_agentrl.engines.weight_names import checkpoint_names
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.models.dtypes import TORCH_DTYPES
 from lit_agentrl.models.processors import is_vision_language, model_config
 
 log = logging.getLogger(__name__)
@@ -41,12 +44,6 @@ def _import_sglang() -> Any:
     return sglang
 
 
-def _validated(sampling_params: dict[str, Any] | list[dict[str, Any]] | None) -> Any:
-    for params in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
-        SamplingParams.from_dict(params).check_without_tokenizer("sglang")
-    return sampling_params if sampling_params is not None else {}
-
-
 class _SGLangBase(RolloutEngine):
     """What both SGLang engines share: SGLang 0.5.23's weight-update session around checked pushes (subclasses
     provide the transport), and no reseeding.
@@ -56,6 +53,20 @@ class _SGLangBase(RolloutEngine):
     _model_type: str | None = None
     _image_token_id: int | None = None
     _in_session = False
+
+    def _call_args(self, input_ids: Any, sampling_params: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """SGLang's ``generate`` arguments, checked at the engines' front door (:mod:`~lit_agentrl.engines.requests`):
+        every engine refuses a malformed request alike, and these refuse stop strings (no tokenizer here)."""
+        image_data = kwargs.pop("image_data", None)
+        requests, batched = split_requests(type(self).__name__, input_ids, sampling_params, {"image_data": image_data})
+        for request in requests:
+            request.params.check_without_tokenizer("sglang")
+        call = joined_requests(requests, batched)
+        if call["image_data"] is None:
+            del call["image_data"]
+        else:
+            call["input_ids"] = one_placeholder_per_image(call["input_ids"], self._image_token_id)
+        return {**call, **kwargs}
 
     def _read_model(self, model_path: str) -> None:
         """What the pushes and image requests need to know of the policy: its weights' names and shapes (checked
@@ -90,7 +101,10 @@ class _SGLangBase(RolloutEngine):
         if own_session:
             self.begin_weight_update()
         try:
-            return _as_pair(self._push(pairs, load_format, flush_cache))
+            result = self._push(pairs, load_format, flush_cache)
+            if torch.cuda.is_available():  # the bucket's IPC handles are closed: free what they pinned at once
+                torch.cuda.ipc_collect()
+            return _as_pair(result)
         finally:
             if own_session:
                 self.end_weight_update()
@@ -125,7 +139,9 @@ class SGLangEngine(_SGLangBase):
         **server_args: any other ``ServerArgs`` field, passed through (``device``, ``max_total_tokens``, ...).
 
     Built by a trainer (:meth:`build` with a placement), the engine runs on its rank's GPU: ``base_gpu_id``
-    is the rank's local rank unless ``engine_kwargs`` set it (see :func:`placed_server_args`).
+    is the rank's local rank unless ``engine.kwargs`` set it (see :func:`placed_server_args`); its ``random_seed``
+    is the run's seed + the global rank (ranks sample apart), and its ``nccl_port`` one of its own
+    (:func:`rank_nccl_port`).
 
     ``loop`` is SGLang's own event loop: the rollout manager runs its agents on it, since SGLang's
     tokenizer manager serves every request and control call from one loop. ``busy_seconds`` is None (SGLang
@@ -145,7 +161,11 @@ class SGLangEngine(_SGLangBase):
         if placement is not None and placement.with_tp_size(tp_size).group_size > 1:
             return [SGLangHTTPEngine.for_group(model_path, seed, placement.with_tp_size(tp_size), kwargs)]
         kwargs.pop("group_port", None)
-        return [cls(model_path, seed=seed, **placed_server_args(kwargs, placement))]
+        if placement is None:
+            return [cls(model_path, seed=seed, **kwargs)]
+        server_args = placed_server_args(kwargs, placement)
+        server_args.setdefault("nccl_port", rank_nccl_port(placement))
+        return [cls(model_path, seed=seed + placement.global_rank, **server_args)]
 
     def __init__(
         self,
@@ -175,6 +195,7 @@ class SGLangEngine(_SGLangBase):
         )
         self.loop = self._engine.loop
         self.tp_size = tp_size
+        self.weight_dtype = TORCH_DTYPES.get(dtype)  # None for SGLang's "auto": the checkpoint's own
         self.flattened_bucket = flattened_bucket
         self._read_model(model_path)
 
@@ -189,11 +210,8 @@ class SGLangEngine(_SGLangBase):
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:
-        if kwargs.get("image_data") is not None:
-            input_ids = one_placeholder_per_image(input_ids, self._image_token_id)
-        return await self._engine.async_generate(
-            input_ids=input_ids, sampling_params=_validated(sampling_params), return_logprob=return_logprob, **kwargs
-        )
+        call = self._call_args(input_ids, sampling_params, kwargs)
+        return await self._engine.async_generate(**call, return_logprob=return_logprob)
 
     # ------------------------------------------------------------------ weights
 
@@ -201,7 +219,7 @@ class SGLangEngine(_SGLangBase):
         return getattr(self._engine, what)()
 
     def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
-        if self.flattened_bucket and load_format is None:
+        if self.flattened_bucket and load_format is None and len(pairs) > 1:  # one tensor: sent as is, no copy
             return self._engine.update_weights_from_tensor(
                 flattened_payloads(pairs, self.tp_size), load_format="flattened_bucket", flush_cache=flush_cache
             )
@@ -259,12 +277,12 @@ class SGLangHTTPEngine(_SGLangBase):
     def build(
         cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
     ) -> list[RolloutEngine]:
-        """One client per server in ``engine_kwargs.urls``; ``seed`` and ``placement`` are unused (the servers
+        """One client per server in ``engine.kwargs.urls``; ``seed`` and ``placement`` are unused (the servers
         have their own seeds and GPUs).
         """
         urls = kwargs.pop("urls", None)
         if not urls:
-            raise UserInputError("engine 'sglang_http' needs engine_kwargs.urls: a list of SGLang server URLs")
+            raise UserInputError("engine 'sglang_http' needs engine.kwargs.urls: a list of SGLang server URLs")
         owner = placement is None or placement.global_rank == 0
         return [cls(url, model_path, owner=owner, **kwargs) for url in urls]
 
@@ -282,7 +300,9 @@ class SGLangHTTPEngine(_SGLangBase):
         url = sglang_group.group_url(placement, group_port)
         server = None
         if placement.starts_engine:
-            command = sglang_group.server_command(model_path, seed, placement, server_args, group_port)
+            command = sglang_group.server_command(
+                model_path, seed + placement.global_rank, placement, server_args, group_port
+            )
             server = sglang_group.start_server(command, server_env(model_path))
         try:
             sglang_group.wait_until_healthy(url, server)
@@ -313,7 +333,7 @@ class SGLangHTTPEngine(_SGLangBase):
         import httpx
 
         if transport not in ("inline", "ipc"):
-            raise UserInputError(f"engine_kwargs.transport must be 'inline' or 'ipc', got {transport!r}")
+            raise UserInputError(f"engine.kwargs.transport must be 'inline' or 'ipc', got {transport!r}")
         self.url = url.rstrip("/")
         self._read_model(model_path)
         self.tp_size, self.owner, self.transport, self._server = tp_size, owner, transport, server
@@ -338,17 +358,11 @@ class SGLangHTTPEngine(_SGLangBase):
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:
-        if kwargs.get("image_data") is not None:
-            input_ids = one_placeholder_per_image(input_ids, self._image_token_id)
-        body = {
-            "input_ids": input_ids,
-            "sampling_params": _validated(sampling_params),
-            "return_logprob": return_logprob,
-        }
-        if kwargs.get("image_data") is not None:  # PIL images travel as data URLs (SGLang loads those)
-            kwargs["image_data"] = _jsonable_images(kwargs["image_data"])
+        body = {**self._call_args(input_ids, sampling_params, kwargs), "return_logprob": return_logprob}
+        if "image_data" in body:  # PIL images travel as data URLs (SGLang loads those)
+            body["image_data"] = _jsonable_images(body["image_data"])
         tag = current_tag()
-        response = await self._client().post("/generate", json={**body, **kwargs})
+        response = await self._client().post("/generate", json=body)
         response.raise_for_status()
         result = response.json()
         if tag is not None:  # a push while the request ran continued it on newer weights (partial rollouts)
@@ -393,9 +407,12 @@ class SGLangHTTPEngine(_SGLangBase):
         """One payload per tensor-parallel rank: CUDA IPC handles of a flattened bucket (``ipc``, GPU tensors), or
         the pickled tensors themselves, base64 (``inline``)."""
         if self.transport == "ipc" and load_format is None and pairs and pairs[0][1].is_cuda:
+            flat = len(pairs) > 1  # one tensor: its own IPC handle, no flattened copy
             body = {
-                "serialized_named_tensors": flattened_payloads(pairs, self.tp_size),
-                "load_format": "flattened_bucket",
+                "serialized_named_tensors": flattened_payloads(pairs, self.tp_size)
+                if flat
+                else ipc_payloads(pairs, self.tp_size),
+                "load_format": "flattened_bucket" if flat else None,
                 "flush_cache": flush_cache,
             }
             return self._post("/update_weights_from_tensor", body)
@@ -433,12 +450,12 @@ class SGLangHTTPEngine(_SGLangBase):
 
 
 def placed_server_args(engine_kwargs: dict[str, Any], placement: EnginePlacement | None) -> dict[str, Any]:
-    """``engine_kwargs`` for an in-process engine of the rank at ``placement``: on its own GPUs.
+    """``engine.kwargs`` for an in-process engine of the rank at ``placement``: on its own GPUs.
 
     On an accelerator (``device`` unset with CUDA available, or any device but ``cpu``/``mps``) the engine gets
     ``base_gpu_id`` = the first GPU of the rank's group (:class:`EnginePlacement`), where SGLang would put every
-    rank's engine on GPU 0; a ``base_gpu_id`` in ``engine_kwargs`` is kept (and logged). Without a placement (an
-    engine built outside a trainer) ``engine_kwargs`` are returned unchanged.
+    rank's engine on GPU 0; a ``base_gpu_id`` in ``engine.kwargs`` is kept (and logged). Without a placement (an
+    engine built outside a trainer) ``engine.kwargs`` are returned unchanged.
     """
     kwargs = dict(engine_kwargs)
     if placement is None or not _on_accelerator(kwargs.get("device")):
@@ -446,7 +463,7 @@ def placed_server_args(engine_kwargs: dict[str, Any], placement: EnginePlacement
     plan = placement.with_tp_size(int(kwargs.get("tp_size", 1)))
     if "base_gpu_id" in kwargs:
         log.info(
-            "engine 'sglang' on rank %d: engine_kwargs.base_gpu_id=%s is kept (the placement would be GPU %d)",
+            "engine 'sglang' on rank %d: engine.kwargs.base_gpu_id=%s is kept (the placement would be GPU %d)",
             plan.global_rank,
             kwargs["base_gpu_id"],
             plan.base_gpu_id,
@@ -456,8 +473,32 @@ def placed_server_args(engine_kwargs: dict[str, Any], placement: EnginePlacement
     return kwargs
 
 
+def rank_nccl_port(placement: EnginePlacement, base: int = DEFAULT_GROUP_PORT + 100) -> int:
+    """The port where the in-process engine of the rank at ``placement`` rendezvous its scheduler's process group:
+    ``base`` + the global rank, or the first free one all ranks further on (``engine.kwargs.nccl_port`` wins). The
+    global rank keeps apart the ranks of one node, and also of "nodes" that share one machine (a rehearsal).
+
+    Left unset, SGLang 0.5.23 draws it with Python's global ``random`` (``PortArgs.init_new`` ->
+    ``get_free_port_below_ephemeral``), which ``seed_everything`` seeds alike on every rank, and every rank builds
+    its engine right after the same barrier: the ranks of a node would draw the same port and all but one fail.
+    """
+    for port in range(base + placement.global_rank, 65536, placement.world_size):
+        if _port_is_free(port):
+            return port
+    raise RuntimeError(f"no free port from {base + placement.global_rank} up for the engine's rendezvous")
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))  # as SGLang's TCP store binds it
+        except OSError:
+            return False
+    return True
+
+
 def placed_group_args(engine_kwargs: dict[str, Any], placement: EnginePlacement) -> dict[str, Any]:
-    """``engine_kwargs`` for the server a group of ranks shares: placed as :func:`placed_server_args` places an
+    """``engine.kwargs`` for the server a group of ranks shares: placed as :func:`placed_server_args` places an
     in-process engine (on CPU SGLang reads ``base_gpu_id`` as a NUMA node, so it is left unset there)."""
     kwargs = placed_server_args(engine_kwargs, placement)
     kwargs["tp_size"] = placement.tp_size
@@ -473,6 +514,13 @@ def flattened_payloads(pairs: list[tuple[str, torch.Tensor]], tp_size: int) -> l
     bucket = FlattenedTensorBucket(named_tensors=pairs)
     payload = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
     return [MultiprocessingSerializer.serialize(payload, output_str=True) for _ in range(tp_size)]
+
+
+def ipc_payloads(pairs: list[tuple[str, torch.Tensor]], tp_size: int) -> list[str]:
+    """The named tensors serialized as they are, once per tensor-parallel rank (CUDA IPC handles on a GPU)."""
+    from sglang.srt.utils import MultiprocessingSerializer
+
+    return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)]
 
 
 def one_placeholder_per_image(input_ids: Any, image_token_id: int | None) -> Any:

@@ -1,7 +1,9 @@
 """Push the policy's weights into a rollout engine: full tensors gathered in buckets, one bucket at a time.
 
 Under FSDP2 every parameter is a DTensor shard; ``full_tensor()`` all-gathers it, so every rank must walk
-the parameters in the same order. Buckets bound the memory held at once to about ``bucket_bytes``.
+the parameters in the same order. Each gathered tensor is cast to the engines' weight dtype at once (a bf16 engine
+gets half the bytes of the fp32 master weights), and a bucket holds at most ``bucket_bytes`` of them: the memory
+held at once is one bucket and the largest tensor as gathered.
 """
 
 from __future__ import annotations
@@ -13,27 +15,37 @@ import torch
 from lit_agentrl.engines.base import RolloutEngine
 
 
-def full_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each parameter as a full (unsharded) detached tensor, by its state-dict name; tied weights once."""
+def full_named_parameters(
+    model: torch.nn.Module, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each parameter as a full (unsharded) detached tensor, by its state-dict name, cast to ``dtype`` when given;
+    tied weights once."""
     for name, param in model.named_parameters():
         tensor = param.detach()
         if hasattr(tensor, "full_tensor"):
             tensor = tensor.full_tensor()
-        yield name, tensor
+        yield name, tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 
 def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group tensors into lists of about ``bucket_bytes`` (a larger tensor forms a bucket of its own)."""
+    """Group tensors into lists of at most ``bucket_bytes``; a larger tensor goes alone."""
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, tensor in named:
-        bucket.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
-        if size >= bucket_bytes:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
             yield bucket
             bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
     if bucket:
         yield bucket
+
+
+def push_dtype(engines: list[RolloutEngine]) -> torch.dtype | None:
+    """The dtype every engine holds its weights in, or None when they differ or one does not say."""
+    dtypes = {engine.weight_dtype for engine in engines}
+    return dtypes.pop() if len(dtypes) == 1 else None
 
 
 def sync_weights(
@@ -45,7 +57,7 @@ def sync_weights(
     """Copy every parameter of ``model`` into each engine; returns the number of tensors gathered.
 
     Every rank must call this (gathering is collective), with the engines it owns (none: it gathers without
-    sending, as a rank whose engine another rank updates). Each engine gets one weight-update session
+    sending, as a rank whose engine another rank updates). Tensors travel in the engines' ``weight_dtype``. Each engine gets one weight-update session
     (``begin_weight_update``/``end_weight_update``, SGLang's; a no-op elsewhere) around all buckets. Raises
     ``RuntimeError`` with the engine's message when an update fails. ``weight_version`` (training steps in the
     weights) is set on each engine inside its session, with the weights.
@@ -54,7 +66,7 @@ def sync_weights(
         engine.begin_weight_update()
     gathered = 0
     try:
-        for bucket in buckets(full_named_parameters(model), bucket_bytes):
+        for bucket in buckets(full_named_parameters(model, push_dtype(engines)), bucket_bytes):
             for engine in engines:
                 ok, message = engine.update_weights_from_tensor(bucket, flush_cache=False)
                 if not ok:

@@ -232,7 +232,7 @@ class RolloutManager:
                 self._outstanding[engine_index] -= 1
                 tag.gate.release(tag.key)
             reward = await self._reward(output, row, kwargs["ground_truth"])  # the engine slot is free meanwhile
-        except asyncio.TimeoutError:
+        except TimeoutError:
             reason = f"timeout: trajectory exceeded {self.trajectory_timeout_s}s"
             return Trajectory(group, sample, agent_name, failed=True, failure_reason=reason, seconds=_since(start))
         except Exception as exc:  # one trajectory's fault is counted, never fatal to the batch

@@ -77,7 +77,7 @@ async def execute_python_code(code: str, timeout: float = 300, **kwargs: Any) ->
         return _response(await _with_timeout(runner, timeout).arun(code))
     try:
         result = await asyncio.wait_for(runner.arun(code), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return _error(f"TimeoutError: the code did not finish within {timeout:g} seconds and was stopped.")
     except Exception as exc:  # a remote runner's connection error: an answer for the model, not a crash
         return _error(f"{type(exc).__name__}: {exc}")

@@ -16,6 +16,7 @@ import pytest
 
 from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.callbacks.ranks import engine_placement
+from lit_agentrl.config.rollout import EngineSettings
 from lit_agentrl.engines import build_engines, register_engine
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.engines.placement import EnginePlacement
@@ -89,11 +90,11 @@ def test_a_rank_alone_on_its_node_runs_a_tp_engine_from_its_own_gpu():
 
 
 def test_tp_size_must_divide_the_ranks_of_a_node():
-    with pytest.raises(ValueError, match=r"engine_kwargs\.tp_size=3 does not divide the 8 ranks per node"):
+    with pytest.raises(ValueError, match=r"engine\.kwargs\.tp_size=3 does not divide the 8 ranks per node"):
         EnginePlacement(0, 0, 8, 8, tp_size=3)
-    with pytest.raises(ValueError, match=r"engine_kwargs\.tp_size=16 does not divide the 8 ranks per node"):
+    with pytest.raises(ValueError, match=r"engine\.kwargs\.tp_size=16 does not divide the 8 ranks per node"):
         EnginePlacement(0, 0, 8, 8).with_tp_size(16)
-    with pytest.raises(ValueError, match=r"engine_kwargs\.tp_size must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"engine\.kwargs\.tp_size must be >= 1, got 0"):
         EnginePlacement(0, 0, 8, 8, tp_size=0)
 
 
@@ -172,11 +173,26 @@ def test_sglang_on_cpu_or_outside_a_trainer_is_not_placed(tiny_model_dir):
     assert "base_gpu_id" not in launch(tiny_model_dir, None, device="cuda")
 
 
+def test_each_ranks_engine_gets_a_rendezvous_port_and_a_sampling_seed_of_its_own(tiny_model_dir, monkeypatch):
+    """SGLang alone draws its scheduler's rendezvous port from Python's global ``random``, seeded alike on every rank
+    (tests/engines/test_sglang_ranks.py shows the collision with real engines); each rank's engine gets its own."""
+    monkeypatch.setattr("lit_agentrl.engines.sglang._port_is_free", lambda port: port != 30103)  # one port taken
+    started = []
+    for plan in node(tp_size=1):
+        LAUNCHED.clear()
+        build_engines("recording_sglang_for_placement_tests", str(tiny_model_dir), seed=7, placement=plan)
+        started.append(LAUNCHED[0])
+    assert [s["random_seed"] for s in started] == list(range(7, 15))  # the run's seed + the global rank
+    assert [s["nccl_port"] for s in started] == [30100, 30101, 30102, 30111, 30104, 30105, 30106, 30107]
+    assert launch(tiny_model_dir, EnginePlacement(3, 3, 8, 8), nccl_port=31000)["nccl_port"] == 31000  # kept
+    assert "nccl_port" not in launch(tiny_model_dir, None)  # outside a trainer: SGLang's own choice
+
+
 def test_an_explicit_base_gpu_id_is_kept_and_logged(tiny_model_dir, caplog):
     with caplog.at_level(logging.INFO, logger="lit_agentrl.engines.sglang"):
         server_args = launch(tiny_model_dir, EnginePlacement(3, 3, 8, 8), device="cuda", base_gpu_id=6)
     assert server_args["base_gpu_id"] == 6
-    assert "engine_kwargs.base_gpu_id=6 is kept (the placement would be GPU 3)" in caplog.text
+    assert "engine.kwargs.base_gpu_id=6 is kept (the placement would be GPU 3)" in caplog.text
 
 
 STARTED: list[list[str]] = []
@@ -241,13 +257,9 @@ def test_8_ranks_reach_their_groups_engine_and_its_first_rank_starts_and_feeds_i
     assert [o["base-gpu-id"] for o in started] == [str(first) for first in range(0, 8, tp_size)]
     assert [o["port"] for o in started] == [str(30000 + i) for i in range(8 // tp_size)]
     assert [o["nccl-port"] for o in started] == [str(30100 + i) for i in range(8 // tp_size)]
+    assert [o["random-seed"] for o in started] == [str(7 + first) for first in range(0, 8, tp_size)]  # apart
     for o in started:
-        assert (o["tp-size"], o["device"], o["mem-fraction-static"], o["random-seed"]) == (
-            str(tp_size),
-            "cuda",
-            "0.5",
-            "7",
-        )
+        assert (o["tp-size"], o["device"], o["mem-fraction-static"]) == (str(tp_size), "cuda", "0.5")
         assert o["enable-memory-saver"] == o["skip-tokenizer-init"] == "" and o["model-path"] == str(tiny_model_dir)
     for engine in engines:
         engine.shutdown()
@@ -314,9 +326,9 @@ def fake_trainer(global_rank: int = 3, local_rank: int = 3, num_devices: int = 8
 
 def test_callback_builds_the_ranks_engine_on_its_gpu(quickstart_model_dir):
     callback = RolloutCallback(
-        engine="recording_sglang_for_placement_tests",
-        engine_kwargs={"device": "cuda", "mem_fraction_static": 0.5},
-        engine_modules=[__name__],
+        engine=EngineSettings(
+            "recording_sglang_for_placement_tests", {"device": "cuda", "mem_fraction_static": 0.5}, [__name__]
+        )
     )
     trainer, pl_module = fake_trainer(), GRPOModule(str(quickstart_model_dir))
     callback.setup(trainer, pl_module, "fit")
@@ -330,7 +342,7 @@ def test_callback_builds_the_ranks_engine_on_its_gpu(quickstart_model_dir):
 
 def test_callback_builds_a_group_client_for_a_shared_tp_engine(quickstart_model_dir, group_servers):
     callback = RolloutCallback(
-        engine="recording_sglang_for_placement_tests", engine_kwargs={"device": "cuda", "tp_size": 2}
+        engine=EngineSettings("recording_sglang_for_placement_tests", {"device": "cuda", "tp_size": 2})
     )
     trainer, pl_module = fake_trainer(), GRPOModule(str(quickstart_model_dir))
     callback.setup(trainer, pl_module, "fit")  # rank 3 of 8: the second rank of the group that rank 2 starts

@@ -26,7 +26,9 @@ def free_gib() -> float:
 
 
 @pytest.mark.sglang
-def test_colocated_release_frees_memory_and_resume_restores_generation(tiny_model_dir):
+def test_colocated_release_frees_memory_and_resume_restores_generation(tiny_model_dir, policy_model):
+    """The colocated window's cycle: release, resume, push, generate. SGLang 0.5.23 drops released weights unless
+    started with ``enable_weights_cpu_backup`` (which colocated runs do not set), so the push is what restores them."""
     require_sglang()
     from lit_agentrl.engines.sglang import SGLangEngine
 
@@ -38,6 +40,8 @@ def test_colocated_release_frees_memory_and_resume_restores_generation(tiny_mode
         engine.release_memory_occupation(tags=["kv_cache", "weights"])
         released = free_gib()
         engine.resume_memory_occupation(tags=["weights"])
+        weights = [(name, t.to("cuda", torch.bfloat16)) for name, t in policy_model.named_parameters()]
+        assert engine.update_weights_from_tensor(weights)[0]
         engine.resume_memory_occupation(tags=["kv_cache"])
         resumed = free_gib()
         after = engine.loop.run_until_complete(engine.async_generate(input_ids=[5, 6, 7], sampling_params=params))
@@ -65,7 +69,7 @@ def test_fsdp2_fit_over_nccl_syncs_exact_weights(tmp_path, quickstart_model_dir)
     )
     config = yaml.safe_load(path.read_text())
     config["trainer"]["accelerator"] = "gpu"
-    config["trainer"]["callbacks"][0]["init_args"]["engine_kwargs"] = {"device": "cuda"}
+    config["trainer"]["callbacks"][0]["init_args"]["engine"]["kwargs"] = {"device": "cuda"}
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "tests" / "training"), str(REPO_ROOT)])}
     result = subprocess.run(

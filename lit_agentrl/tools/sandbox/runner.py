@@ -307,7 +307,7 @@ class PythonSandbox:
             pumps = asyncio.gather(_pump(proc.stdout, out), _pump(proc.stderr, err))
             try:
                 await asyncio.wait_for(proc.wait(), timeout=limits.wall_seconds)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 timed_out = True
                 kill_group(proc.pid)
                 await proc.wait()
@@ -316,7 +316,7 @@ class PythonSandbox:
                 kill_by_token(token)
             try:
                 await asyncio.wait_for(pumps, timeout=2.0)
-            except asyncio.TimeoutError:  # a leftover still holds the pipes
+            except TimeoutError:  # a leftover still holds the pipes
                 _discard(pumps)
             return result_from_exit(proc.returncode, timed_out, out, err, limits)
         except asyncio.CancelledError:
