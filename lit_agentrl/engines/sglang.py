@@ -9,12 +9,14 @@ Both are :class:`~lit_agentrl.engines.base.RolloutEngine` subclasses, registered
 from __future__ import annotations
 
 import abc
+import atexit
 import base64
+import contextlib
 import logging
 import os
 import pickle
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -182,6 +184,7 @@ class SGLangEngine(_SGLangBase):
     ) -> None:
         optional = {"mem_fraction_static": mem_fraction_static, "attention_backend": attention_backend}
         os.environ.update(server_env(model_path))  # the scheduler process reads it
+        before = _child_pids()
         self._engine = self._launch(
             model_path=model_path,
             skip_tokenizer_init=True,
@@ -193,6 +196,7 @@ class SGLangEngine(_SGLangBase):
             **{k: v for k, v in optional.items() if v is not None},
             **server_args,
         )
+        self._own_pids = _child_pids() - before  # SGLang's scheduler and detokenizer processes
         self.loop = self._engine.loop
         self.tp_size = tp_size
         self.weight_dtype = TORCH_DTYPES.get(dtype)  # None for SGLang's "auto": the checkpoint's own
@@ -243,7 +247,47 @@ class SGLangEngine(_SGLangBase):
         self._engine.resume_memory_occupation(tags=tags)
 
     def shutdown(self) -> None:
-        self._engine.shutdown()
+        """Stop SGLang's own processes, and only those. SGLang 0.5.23's ``Engine.shutdown`` kills every child of the
+        calling process (``kill_process_tree(os.getpid(), include_parent=False)``): in a trainer that is also the other
+        ranks Lightning launched from rank 0, wandb's service, reward and sandbox workers. Its copy registered with
+        ``atexit`` is dropped for the same reason."""
+        with _kills_only(self._own_pids):
+            self._engine.shutdown()
+        atexit.unregister(self._engine.shutdown)
+
+
+def _child_pids() -> set[int]:
+    """The PIDs of this process's descendants (psutil comes with SGLang; without it, none are known)."""
+    try:
+        import psutil
+    except ImportError:
+        return set()
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+@contextlib.contextmanager
+def _kills_only(pids: set[int]) -> Iterator[None]:
+    """Within the block, SGLang's engine module kills the process trees of ``pids`` where it would kill every child
+    of this process."""
+    try:
+        from sglang.srt.entrypoints import engine as sglang_engine
+    except ImportError:  # an engine whose launch a test replaced
+        yield
+        return
+    kill_tree = sglang_engine.kill_process_tree
+
+    def kill_own(parent_pid: int | None, include_parent: bool = True, **kwargs: Any) -> None:
+        if parent_pid in (None, os.getpid()) and not include_parent:
+            for pid in pids:
+                kill_tree(pid, include_parent=True, **kwargs)
+        else:
+            kill_tree(parent_pid, include_parent=include_parent, **kwargs)
+
+    sglang_engine.kill_process_tree = kill_own
+    try:
+        yield
+    finally:
+        sglang_engine.kill_process_tree = kill_tree
 
 
 @register_engine("sglang_http")

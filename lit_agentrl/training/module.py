@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,11 @@ from lit_agentrl.training.logprobs import check_chunked_head, model_token_logpro
 from lit_agentrl.training.losses import LossScale, TokenLogProbs
 from lit_agentrl.training.objective import loss_scale, micro_batch_loss
 from lit_agentrl.types import PromptBatch
+
+# Lightning 2.6 warns that ModelCheckpoint(every_n_train_steps) under manual optimization saves the state after the
+# optimizer step. That is the state a resume needs: the checkpoint after step N holds N optimizer steps
+# (tests/reliability/test_crash_resume.py resumes it bit for bit).
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
 
 
 class GRPOModule(L.LightningModule):

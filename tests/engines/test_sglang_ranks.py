@@ -52,3 +52,28 @@ def test_ranks_seeded_alike_start_their_engines_together_on_ports_and_seeds_of_t
     assert records[0]["nccl_port"] != records[1]["nccl_port"]  # SGLang alone draws the same port on both ranks
     assert [r["random_seed"] for r in records] == [7, 8]  # the run's seed + the global rank
     assert records[0]["output"] != records[1]["output"]  # the same prompt, sampled apart
+
+
+def test_shutting_an_engine_down_stops_its_own_processes_and_no_other_child_of_the_trainer(tiny_model_dir, monkeypatch):
+    """SGLang 0.5.23's ``Engine.shutdown`` kills every child of its process; in rank 0 of a trainer those are also the
+    other ranks, wandb's service, reward and sandbox workers (found by tests/rehearsal: wandb's teardown failed)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from lit_agentrl.engines.sglang import SGLangEngine
+
+    require_sglang()
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # as rank 1 would be
+    try:
+        engine = SGLangEngine(str(tiny_model_dir), **SGLANG_CPU)
+        own = [psutil.Process(pid) for pid in engine._own_pids]
+        assert own  # its scheduler and detokenizer
+        engine.shutdown()
+        assert bystander.poll() is None, "the engine's shutdown killed a process it did not start"
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in own)
+    finally:
+        bystander.kill()
+        bystander.wait()
