@@ -25,6 +25,7 @@ import contextlib
 import csv
 import dataclasses
 import gc
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -225,6 +226,14 @@ def machine_info(sglang: dict[str, Any]) -> dict[str, Any]:
             gpu=props.name, gpu_memory_gb=round(props.total_memory / GB, 1), gpu_count=torch.cuda.device_count()
         )
     return info
+
+
+def installed_distributions() -> list[str]:
+    """``name==version`` of every distribution this Python has installed (what ``pip list --format=freeze`` prints)."""
+    found = {
+        dist.metadata["Name"]: dist.version for dist in importlib.metadata.distributions() if dist.metadata["Name"]
+    }
+    return [f"{name}=={version}" for name, version in sorted(found.items(), key=lambda item: item[0].lower())]
 
 
 def gpu_memory_bytes() -> int | None:
@@ -706,6 +715,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.info:
         for key, value in machine_info(sglang_status()).items():
             print(f"{key}: {value}")
+        print("\n# installed distributions, for scripts/gpu_machine.txt (what scripts/gpu_wheelhouse.py leaves out):")
+        print("\n".join(installed_distributions()))
         return 0
     profile = SMOKE if args.smoke else GPU
     if profile.cpu_threads:

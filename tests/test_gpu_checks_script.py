@@ -91,3 +91,13 @@ def test_cuda_rows_skip_without_a_gpu_and_the_fit_without_sglang(tmp_path: Path,
     row = checks.run_row(3, "fit", lambda: checks.measure_fit(checks.GPU, tmp_path, tmp_path / "fit", no_sglang))
     assert (row.status, row.detail) == ("skipped", "sglang not installed")
     assert "| 3 | fit | skipped: sglang not installed |" in checks.markdown([row], [])
+
+
+def test_info_lists_every_installed_distribution_for_the_machines_list():
+    """On the GPU machine, ``--info`` prints what belongs in scripts/gpu_machine.txt (the wheelhouse leaves it out)."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--info"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    listed = done.stdout.split("# installed distributions")[1].splitlines()[1:]
+    import torch
+
+    assert f"torch=={torch.__version__}" in listed and any(line.startswith("lightning==") for line in listed)
