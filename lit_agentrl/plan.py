@@ -258,7 +258,7 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     f["host pinned memory (offload), per rank"] = sharded if offloaded else 0
     f["host pinned memory (offload), per node"] = sharded * x.ranks_per_node if offloaded else 0
     f["checkpoint on disk, each"] = 12 * p + (4 * p if x.kl_coef > 0 else 0)
-    kept = checkpoints_kept(x)
+    kept = checkpoints_on_disk(x)
     f["checkpoints on disk, all kept"] = f["checkpoint on disk, each"] * kept if kept is not None else 0
     phases["weight sync"] = trainer_sync + (engine_weights if released else engine_total)
     phases["generation"] = (0 if offloaded else trainer_idle) + engine_total
@@ -301,7 +301,7 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     return MemoryPlan(f, phases, kv_per_token, kv_tokens, worst, x.gpu_memory, not reasons, reasons, warnings)
 
 
-def checkpoints_kept(x: PlanInputs) -> int | None:
+def checkpoints_on_disk(x: PlanInputs) -> int | None:
     """How many checkpoints a run leaves on disk at most; None when it saves them without end."""
     if not x.checkpoint_every_n_steps or x.checkpoints_kept == 0:
         return 0

@@ -54,7 +54,7 @@ def cpu_run(
 def rollout_args(config: Mapping[str, Any]) -> dict[str, Any]:
     """The ``init_args`` of the config's rollout callback (the dict itself, to change in place)."""
     for callback in config.get("trainer", {}).get("callbacks") or []:
-        if str(callback.get("class_path", "")).rsplit(".", 1)[-1] == "RolloutCallback":
+        if _class_name(callback) == "RolloutCallback":
             return callback.setdefault("init_args", {})
     raise KeyError("the config has no RolloutCallback under trainer.callbacks")
 
@@ -77,10 +77,15 @@ def set_keys(config: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, 
 def _entry(entries: list[Any], name: str, dotted: str) -> dict[str, Any]:
     """The entry of ``entries`` whose ``class_path`` ends with ``name``."""
     for entry in entries:
-        if isinstance(entry, dict) and str(entry.get("class_path", "")).rsplit(".", 1)[-1] == name:
+        if isinstance(entry, dict) and _class_name(entry) == name:
             return entry
-    names = [str(e.get("class_path", "")).rsplit(".", 1)[-1] for e in entries if isinstance(e, dict)]
+    names = [_class_name(e) for e in entries if isinstance(e, dict)]
     raise KeyError(f"{dotted}: no {name} in the list, which holds {names}")
+
+
+def _class_name(entry: Mapping[str, Any]) -> str:
+    """The class an entry of ``class_path`` and ``init_args`` builds, without its module."""
+    return str(entry.get("class_path", "")).rsplit(".", 1)[-1]
 
 
 def write_config(config: Mapping[str, Any], path: Path) -> Path:

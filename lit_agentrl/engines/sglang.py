@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from lit_agentrl.context import current_tag
+from lit_agentrl.engines import sglang_group
 from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors, expected_weight_shapes
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.requests import joined_requests, split_requests
-from lit_agentrl.engines.sglang_group import DEFAULT_GROUP_PORT
 from lit_agentrl.engines.weight_names import checkpoint_names
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.dtypes import TORCH_DTYPES
@@ -335,8 +335,6 @@ class SGLangHTTPEngine(_SGLangBase):
         cls, model_path: str, seed: int, placement: EnginePlacement, engine_kwargs: dict[str, Any]
     ) -> SGLangHTTPEngine:
         """This rank's client of its group's server, which the group's first rank starts (and waits for) here."""
-        from lit_agentrl.engines import sglang_group
-
         server_args = placed_group_args(engine_kwargs, placement)
         group_port = int(server_args.pop("group_port", sglang_group.DEFAULT_GROUP_PORT))
         timeout_s = float(server_args.pop("timeout_s", 600.0))
@@ -451,14 +449,8 @@ class SGLangHTTPEngine(_SGLangBase):
         """One payload per tensor-parallel rank: CUDA IPC handles of a flattened bucket (``ipc``, GPU tensors), or
         the pickled tensors themselves, base64 (``inline``)."""
         if self.transport == "ipc" and load_format is None and pairs and pairs[0][1].is_cuda:
-            flat = len(pairs) > 1  # one tensor: its own IPC handle, no flattened copy
-            body = {
-                "serialized_named_tensors": flattened_payloads(pairs, self.tp_size)
-                if flat
-                else ipc_payloads(pairs, self.tp_size),
-                "load_format": "flattened_bucket" if flat else None,
-                "flush_cache": flush_cache,
-            }
+            payloads, ipc_format = ipc_payloads(pairs, self.tp_size)
+            body = {"serialized_named_tensors": payloads, "load_format": ipc_format, "flush_cache": flush_cache}
             return self._post("/update_weights_from_tensor", body)
         cpu_pairs = [(name, tensor.cpu().contiguous()) for name, tensor in pairs]
         payload = base64.b64encode(pickle.dumps(cpu_pairs)).decode()
@@ -487,9 +479,7 @@ class SGLangHTTPEngine(_SGLangBase):
         self._sync.close()
         self._async.clear()
         if self._server is not None:
-            from lit_agentrl.engines.sglang_group import stop_server
-
-            stop_server(self._server)
+            sglang_group.stop_server(self._server)
             self._server = None
 
 
@@ -517,7 +507,7 @@ def placed_server_args(engine_kwargs: dict[str, Any], placement: EnginePlacement
     return kwargs
 
 
-def rank_nccl_port(placement: EnginePlacement, base: int = DEFAULT_GROUP_PORT + 100) -> int:
+def rank_nccl_port(placement: EnginePlacement, base: int = sglang_group.DEFAULT_GROUP_PORT + 100) -> int:
     """The port where the in-process engine of the rank at ``placement`` rendezvous its scheduler's process group:
     ``base`` + the global rank, or the first free one all ranks further on (``engine.kwargs.nccl_port`` wins). The
     global rank keeps apart the ranks of one node, and also of "nodes" that share one machine (a rehearsal).
@@ -560,11 +550,14 @@ def flattened_payloads(pairs: list[tuple[str, torch.Tensor]], tp_size: int) -> l
     return [MultiprocessingSerializer.serialize(payload, output_str=True) for _ in range(tp_size)]
 
 
-def ipc_payloads(pairs: list[tuple[str, torch.Tensor]], tp_size: int) -> list[str]:
-    """The named tensors serialized as they are, once per tensor-parallel rank (CUDA IPC handles on a GPU)."""
+def ipc_payloads(pairs: list[tuple[str, torch.Tensor]], tp_size: int) -> tuple[list[str], str | None]:
+    """One payload per tensor-parallel rank, and its ``load_format``: a bucket of several tensors flattened into one
+    (:func:`flattened_payloads`), a single tensor serialized as it is (its own IPC handle, no flattened copy)."""
+    if len(pairs) > 1:
+        return flattened_payloads(pairs, tp_size), "flattened_bucket"
     from sglang.srt.utils import MultiprocessingSerializer
 
-    return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)]
+    return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)], None
 
 
 def one_placeholder_per_image(input_ids: Any, image_token_id: int | None) -> Any:
