@@ -49,6 +49,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             ("SGLang (its tests run in scripts/build_sglang_env.sh's venv)", importlib.util.find_spec("sglang")),
             ("Chromium (the viewer's browser test)", shutil.which("chromium") or shutil.which("chromium-browser")),
             ("a CUDA GPU (scripts/gpu_checks.sh)", torch.cuda.is_available()),
+            ("bubblewrap (the code sandbox's boundary: apt-get install -y bubblewrap)", shutil.which("bwrap")),
         ]
         if not present
     ]
@@ -56,6 +57,24 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if missing:
         lines.append(f"lit-agentrl: not here, so their tests skip: {'; '.join(missing)}")
     return lines
+
+
+REQUIRE_SANDBOX = os.environ.get("LIT_AGENTRL_REQUIRE_SANDBOX") == "1"
+"""Set by .ci/run: there a sandbox test fails, not skips, when the machine lacks part of the boundary."""
+
+
+@pytest.fixture(scope="session")
+def sandbox_boundary() -> None:
+    """For tests that run code in a default ``PythonSandbox``: skip where this machine cannot build its whole
+    boundary (bubblewrap, user namespaces, seccomp, cgroups), saying what is missing; fail instead in CI."""
+    from lit_agentrl.tools.sandbox import PythonSandbox, SandboxUnavailable
+
+    try:
+        PythonSandbox()
+    except SandboxUnavailable as exc:
+        if REQUIRE_SANDBOX:
+            pytest.fail(f"LIT_AGENTRL_REQUIRE_SANDBOX=1 but {exc}")
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(autouse=True)

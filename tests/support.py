@@ -255,3 +255,13 @@ def chromium_path() -> str:
             f"LIT_AGENTRL_REQUIRE_BROWSER=1, and the viewer's browser test needs Chromium and Playwright: {CHROMIUM_INSTALL}"
         )
     pytest.skip(f"no Chromium here: the browser tests need {CHROMIUM_INSTALL}; .ci/run installs it")
+
+
+def without_bubblewrap(monkeypatch: Any) -> None:
+    """Simulate a machine where the sandbox's boundary cannot be built (no bubblewrap): the probe is redone."""
+    from lit_agentrl.tools import execute
+    from lit_agentrl.tools.sandbox import runner
+
+    monkeypatch.setattr(runner, "_probe_cache", {})
+    monkeypatch.setattr(runner, "boundary_missing", lambda: "missing bwrap (Debian: apt-get install bubblewrap)")
+    monkeypatch.setattr(execute, "_sandboxes", {})

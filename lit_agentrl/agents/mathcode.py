@@ -12,9 +12,9 @@ of :class:`~lit_agentrl.tools.sandbox.SandboxLimits` fields), ``cfg.sandbox_site
 service's client), given as ``code_runner=`` or as ``cfg.code_runner: "package.module:factory"`` (called
 with no arguments).
 
-A :class:`~lit_agentrl.tools.sandbox.PythonSandbox` on a machine whose kernel gives it no file-system boundary
-of its own (not root and no user namespaces: ``isolation["filesystem"] == "audit hook only"``) is refused
-unless the agent YAML sets ``allow_weak_sandbox: true``.
+Where the machine cannot give the :class:`~lit_agentrl.tools.sandbox.PythonSandbox` its whole kernel boundary
+(bubblewrap, user namespaces, seccomp, cgroups; ``isolation["missing"]`` names what is not there), building the
+agent fails, unless the agent YAML sets ``allow_weak_sandbox: true``.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.registry import register
 from lit_agentrl.agents.tool_loop import ToolLoopAgentGraph, error_message
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.tools.sandbox import CodeRunner, PythonSandbox, SandboxResult, limits_from_mapping
+from lit_agentrl.tools.sandbox import CodeRunner, PythonSandbox, SandboxResult, SandboxUnavailable, limits_from_mapping
 
 _default_runner: PythonSandbox | None = None
 
 WEAK_SANDBOX_KEY = "allow_weak_sandbox"
-"""The agent YAML key that accepts a sandbox whose only file-system boundary is the audit hook."""
+"""The agent YAML key that accepts a sandbox without the whole kernel boundary (see docs/sandbox.md)."""
 
 
 @tool
@@ -76,7 +76,6 @@ class MathCodeAgentGraph(ToolLoopAgentGraph):
         self.code_runner: CodeRunner = code_runner or _runner_from_cfg(cfg)
         if not callable(getattr(self.code_runner, "arun", None)):
             raise TypeError(f"code_runner must have `async def arun(code) -> SandboxResult`, got {self.code_runner!r}")
-        _refuse_weak_sandbox(self.code_runner, cfg)
 
     async def run_tool(self, call: Mapping[str, Any], config: RunnableConfig) -> ToolMessage:
         code = call["args"].get("code") if isinstance(call["args"], dict) else None
@@ -98,23 +97,16 @@ def _runner_from_cfg(cfg: Any) -> CodeRunner:
         if not attr:
             raise ValueError(f"code_runner must be 'package.module:factory', got {target!r}")
         return getattr(importlib.import_module(module_name), attr)()
-    return PythonSandbox(
-        limits_from_mapping(cfg_get(cfg, "sandbox", None)),
-        python=str(cfg_get(cfg, "sandbox_python", sys.executable)),
-        site_packages=bool(cfg_get(cfg, "sandbox_site_packages", False)),
-    )
-
-
-def _refuse_weak_sandbox(runner: CodeRunner, cfg: Any) -> None:
-    """A local sandbox without a kernel-enforced file-system boundary only with ``allow_weak_sandbox: true``."""
-    if not isinstance(runner, PythonSandbox) or runner.filesystem_isolated:
-        return
-    if cfg_get(cfg, WEAK_SANDBOX_KEY, False) is True:
-        return
-    raise UserInputError(
-        "mathcode_agent: on this machine the code sandbox has no kernel-enforced file-system boundary (no mount "
-        f"namespace: not root and no unprivileged user namespaces; isolation: {runner.isolation}), so only its "
-        "audit hook would keep model-written code from the machine's files, and determined code gets past it",
-        hint=f"set `{WEAK_SANDBOX_KEY}: true` in the agent YAML to accept that, run as root or where user "
-        "namespaces are enabled, or plug in a remote `code_runner` (see docs/sandbox.md)",
-    )
+    try:
+        return PythonSandbox(
+            limits_from_mapping(cfg_get(cfg, "sandbox", None)),
+            python=str(cfg_get(cfg, "sandbox_python", sys.executable)),
+            site_packages=bool(cfg_get(cfg, "sandbox_site_packages", False)),
+            allow_weak_sandbox=cfg_get(cfg, WEAK_SANDBOX_KEY, False) is True,
+        )
+    except SandboxUnavailable as exc:
+        raise UserInputError(
+            f"mathcode_agent: {exc}",
+            hint=f"set `{WEAK_SANDBOX_KEY}: true` in the agent YAML to run with what this machine allows, install "
+            "what is missing, or plug in a remote `code_runner` (see docs/sandbox.md)",
+        ) from exc

@@ -6,9 +6,8 @@ timeout=300)``) and result shape (a :class:`ToolResponse` whose ``content`` is a
 ``<returncode>``, ``<stdout>`` and ``<stderr>``; plus ``status``, ``"success"`` or ``"error"``), but runs the code in
 a :class:`~lit_agentrl.tools.sandbox.PythonSandbox` (or any :class:`~lit_agentrl.tools.sandbox.CodeRunner`).
 
-Like ``mathcode_agent``, it refuses a sandbox whose only file-system guard is the audit hook (no mount namespace
-on this machine) unless that is accepted: ``allow_weak_sandbox=True`` per call, or once with
-:func:`set_code_runner`. ``timeout`` can only tighten the sandbox's own wall-clock and CPU limits (a rollout must
+Like ``mathcode_agent``, its default sandbox refuses to run without the whole kernel boundary (see docs/sandbox.md)
+unless that is accepted: ``allow_weak_sandbox=True`` per call, or once with :func:`set_code_runner`. ``timeout`` can only tighten the sandbox's own wall-clock and CPU limits (a rollout must
 not wait 300 s on one tool call because agentscope's default says so); :func:`set_code_runner` sets those limits.
 """
 
@@ -22,7 +21,7 @@ from typing import Any, Literal
 
 from lit_agentrl.context import report_fault
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.tools.sandbox import CodeRunner, PythonSandbox, SandboxResult
+from lit_agentrl.tools.sandbox import CodeRunner, PythonSandbox, SandboxResult, SandboxUnavailable
 
 __all__ = ["ToolResponse", "execute_python_code", "execute_python_code_sync", "set_code_runner"]
 
@@ -57,7 +56,7 @@ _default = _Default()
 def set_code_runner(runner: CodeRunner | None = None, *, allow_weak_sandbox: bool = False) -> None:
     """Where :func:`execute_python_code` runs code when a call names no ``runner``: a :class:`PythonSandbox` (its
     limits are the ceiling of every call's ``timeout``) or a remote service's client; None: a default
-    ``PythonSandbox()``. ``allow_weak_sandbox`` accepts a sandbox with no kernel-enforced file-system boundary."""
+    ``PythonSandbox()``. ``allow_weak_sandbox`` lets that default sandbox run without the whole kernel boundary."""
     _default.runner = runner
     _default.allow_weak_sandbox = allow_weak_sandbox
 
@@ -67,13 +66,14 @@ async def execute_python_code(code: str, timeout: float = 300, **kwargs: Any) ->
 
     ``runner=`` (a :class:`CodeRunner`) and ``allow_weak_sandbox=`` override :func:`set_code_runner`'s choice;
     other keyword arguments are accepted and ignored, as agentscope does. Never raises for the code's faults
-    (errors, timeouts, limits come back with ``status="error"``); raises :class:`UserInputError` when the local
-    sandbox would have no file-system boundary and that was not accepted.
+    (errors, timeouts, limits come back with ``status="error"``); raises :class:`UserInputError` when the default
+    sandbox cannot have the whole kernel boundary here and that was not accepted.
     """
-    runner = kwargs.get("runner") or _default.runner or _default_sandbox()
-    allow_weak = bool(kwargs.get("allow_weak_sandbox", _default.allow_weak_sandbox))
+    runner = kwargs.get("runner") or _default.runner
+    if runner is None:  # the first one probes the machine
+        allow_weak = bool(kwargs.get("allow_weak_sandbox", _default.allow_weak_sandbox))
+        runner = await asyncio.to_thread(_default_sandbox, allow_weak)
     if isinstance(runner, PythonSandbox):
-        await asyncio.to_thread(_refuse_weak_sandbox, runner, allow_weak)  # the first check probes the machine
         return _response(await _with_timeout(runner, timeout).arun(code))
     try:
         result = await asyncio.wait_for(runner.arun(code), timeout)
@@ -95,13 +95,23 @@ def execute_python_code_sync(code: str, timeout: float = 300, **kwargs: Any) -> 
         return pool.submit(asyncio.run, call).result()
 
 
-_sandbox: PythonSandbox | None = None
+_sandboxes: dict[bool, PythonSandbox] = {}
 
 
-def _default_sandbox() -> PythonSandbox:
-    global _sandbox
-    _sandbox = _sandbox or PythonSandbox()
-    return _sandbox
+def _default_sandbox(allow_weak: bool) -> PythonSandbox:
+    """``PythonSandbox()`` (once per ``allow_weak``); a refusal is reported as a fault too, then raised."""
+    if allow_weak not in _sandboxes:
+        try:
+            _sandboxes[allow_weak] = PythonSandbox(allow_weak_sandbox=allow_weak)
+        except SandboxUnavailable as exc:
+            refusal = UserInputError(
+                f"execute_python_code: {exc}",
+                hint="call lit_agentrl.tools.set_code_runner(allow_weak_sandbox=True) to run with what this "
+                "machine allows, install what is missing, or pass a remote runner (see docs/sandbox.md)",
+            )
+            report_fault(str(refusal))  # an agent that answers any tool error with "tool execute error" still fails
+            raise refusal from exc
+    return _sandboxes[allow_weak]
 
 
 def _with_timeout(sandbox: PythonSandbox, timeout: float) -> PythonSandbox:
@@ -117,20 +127,6 @@ def _with_timeout(sandbox: PythonSandbox, timeout: float) -> PythonSandbox:
     clone = copy.copy(sandbox)  # same interpreter and isolation settings (the machine's probe is shared)
     clone.limits = tighter
     return clone
-
-
-def _refuse_weak_sandbox(sandbox: PythonSandbox, allowed: bool) -> None:
-    if allowed or sandbox.filesystem_isolated:
-        return
-    refusal = UserInputError(
-        "execute_python_code: on this machine the code sandbox has no kernel-enforced file-system boundary (no "
-        f"mount namespace: not root and no unprivileged user namespaces; isolation: {sandbox.isolation}), so only "
-        "its audit hook would keep model-written code from the machine's files",
-        hint="call lit_agentrl.tools.set_code_runner(allow_weak_sandbox=True) to accept that, run where the "
-        "namespaces are allowed, or pass a remote runner (see docs/sandbox.md)",
-    )
-    report_fault(str(refusal))  # an agent that answers any tool error with "tool execute error" still fails loudly
-    raise refusal
 
 
 def _response(result: SandboxResult) -> ToolResponse:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from support import REPO_ROOT, tool_call_text
+from support import REPO_ROOT, tool_call_text, without_bubblewrap
 from test_token_exact_trajectories import RecordingScripted, assert_token_invariants
 
-from lit_agentrl.agents import load_agent_cfg, mathcode
+from lit_agentrl.agents import load_agent_cfg
 from lit_agentrl.agents.mathcode import MathCodeAgentGraph
 from lit_agentrl.agents.registry import get_agent_class
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.rewards import get_reward_fn
 from lit_agentrl.rows import agent_run_kwargs
-from lit_agentrl.tools.sandbox import PythonSandbox, SandboxResult
+from lit_agentrl.tools.sandbox import SandboxResult
 
 MATH_CODE_CFG = REPO_ROOT / "configs" / "agents" / "math_code.yaml"
 SAMPLING = {"max_new_tokens": 256, "temperature": 1.0}
@@ -37,6 +37,7 @@ def test_registered():
     assert get_agent_class("mathcode_agent") is MathCodeAgentGraph
 
 
+@pytest.mark.usefixtures("sandbox_boundary")
 def test_code_runs_and_the_boxed_answer_scores(scripted_engine_factory, tokenizer):
     engine = RecordingScripted(
         scripted_engine_factory(
@@ -57,6 +58,7 @@ def test_code_runs_and_the_boxed_answer_scores(scripted_engine_factory, tokenize
     assert get_reward_fn("math")(output.str_output, "41") == 0.0
 
 
+@pytest.mark.usefixtures("sandbox_boundary")
 def test_hostile_code_gets_error_tool_messages_and_the_trajectory_completes(
     scripted_engine_factory, tokenizer, tmp_path
 ):
@@ -86,6 +88,7 @@ def test_hostile_code_gets_error_tool_messages_and_the_trajectory_completes(
     assert get_reward_fn("math")(output.str_output, "42") == 1.0
 
 
+@pytest.mark.usefixtures("sandbox_boundary")
 def test_turn_limit_ends_the_loop(scripted_engine_factory, tokenizer, tmp_path):
     cfg = tmp_path / "two_turns.yaml"
     cfg.write_text("max_ai_message_turn: 2\n")
@@ -124,23 +127,14 @@ def test_a_remote_runner_plugs_in(scripted_engine_factory, tokenizer, tmp_path):
     assert "remote says 42" in output.str_output
 
 
-class HookOnlySandbox(PythonSandbox):
-    """A machine without mount namespaces, simulated: a real sandbox told not to build the run's own root."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, isolate_filesystem=False, **kwargs)
-
-
-def test_a_sandbox_without_a_file_system_layer_needs_the_opt_in(
-    scripted_engine_factory, tokenizer, tmp_path, monkeypatch
-):
-    monkeypatch.setattr(mathcode, "PythonSandbox", HookOnlySandbox)
+def test_a_sandbox_without_its_boundary_needs_the_opt_in(scripted_engine_factory, tokenizer, tmp_path, monkeypatch):
+    without_bubblewrap(monkeypatch)
     engine = RecordingScripted(
         scripted_engine_factory([tool_call_text("execute_python", {"code": "print(6*7)"}), "\\boxed{42}"])
     )
     with pytest.raises(UserInputError, match="allow_weak_sandbox: true") as refused:
         run_agent(engine, tokenizer, fast_cfg(tmp_path))
-    assert "audit hook" in str(refused.value)
+    assert "missing bwrap" in str(refused.value)
     opted_in = tmp_path / "weak_ok.yaml"
     opted_in.write_text(fast_cfg(tmp_path).read_text() + "allow_weak_sandbox: true\n")
     output = run_agent(engine, tokenizer, opted_in)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
-from support import MATH_EVAL_CFG, MATH_SAMPLE_TRAIN, tool_call_text
+from support import MATH_EVAL_CFG, MATH_SAMPLE_TRAIN, tool_call_text, without_bubblewrap
 
 from lit_agentrl.agents import ChatModel, count_template_drift, load_agent_cfg
 from lit_agentrl.agents.drift import expected_token_ids
@@ -175,6 +175,7 @@ def test_seed_style_agent_gets_row_fields_and_cfg(scripted_engine_factory, token
 
 
 @pytest.mark.slow  # runs the model's code in the sandbox
+@pytest.mark.usefixtures("sandbox_boundary")
 def test_seed_style_code_agent_runs_its_code_in_our_sandbox_through_the_rollout_manager(
     scripted_engine_factory, tokenizer
 ):
@@ -207,9 +208,8 @@ def test_a_refused_sandbox_fails_the_trajectory_even_when_the_agent_catches_it(
 
     from lit_agentrl.rollout.manager import RolloutManager
     from lit_agentrl.tools import set_code_runner
-    from lit_agentrl.tools.sandbox import PythonSandbox
 
-    monkeypatch.setattr(PythonSandbox, "filesystem_isolated", property(lambda self: False))
+    without_bubblewrap(monkeypatch)
     set_code_runner(None)
     engine = scripted_engine_factory([tool_call_text("python", {"code": "print(6 * 7)"}), "It is \\boxed{42}."])
     row = {
@@ -223,5 +223,5 @@ def test_a_refused_sandbox_fails_the_trajectory_even_when_the_agent_catches_it(
     (trajectory,) = batch.trajectories
     assert trajectory.failed and batch.stats.num_failed == 1
     assert trajectory.failure_reason.startswith(
-        "TrajectoryFault: execute_python_code: on this machine the code sandbox"
+        "TrajectoryFault: execute_python_code: PythonSandbox: the kernel boundary cannot be built"
     )

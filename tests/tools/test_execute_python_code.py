@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from support import without_bubblewrap
 
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.tools import (
@@ -22,9 +23,9 @@ FAST = SandboxLimits(cpu_seconds=1, wall_seconds=20, output_bytes=4096)
 
 
 @pytest.fixture(autouse=True)
-def fast_sandbox():
+def fast_sandbox(sandbox_boundary):
     """Calls without ``runner=`` use a sandbox with quick limits; the default comes back afterwards."""
-    set_code_runner(PythonSandbox(FAST), allow_weak_sandbox=True)
+    set_code_runner(PythonSandbox(FAST))
     yield
     set_code_runner(None)
 
@@ -92,9 +93,9 @@ async def test_any_code_runner(mode: str, status: str, needle: str) -> None:
 
 
 async def test_a_weak_sandbox_is_refused_unless_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(PythonSandbox, "filesystem_isolated", property(lambda self: False))
-    set_code_runner(PythonSandbox(FAST))
-    with pytest.raises(UserInputError, match="allow_weak_sandbox"):
+    without_bubblewrap(monkeypatch)
+    set_code_runner(None)
+    with pytest.raises(UserInputError, match=r"missing bwrap.*allow_weak_sandbox"):
         await execute_python_code("print(1)")
     assert (await execute_python_code("print(1)", allow_weak_sandbox=True)).status == "success"
 

@@ -5,27 +5,44 @@ checkout (world-readable, with a file whose name is a secret too), a file in ``/
 folder holding a world-writable file. After each snippet: no secret in its output, every canary as it was, and
 nothing new in the world-writable folders (the snippets name what they try to create after ``PWN``).
 
-Every snippet runs twice where the kernel builds the run's own root: with the audit hook, and without it (the
-kernel's mount namespace alone must hold). The snippets use no interpreter bug; most try to get around the
-hook (file descriptors relative to a directory, ``/proc/self/fd`` and ``/proc/self/root``, ``chdir``, links)
-or to disarm it from inside (frames, tracebacks, closures, defaults, ``gc``, module and builtin patching).
+Beside the files, objects of the machine's other kinds: a key in this process's session keyring, a System V
+shared-memory segment and message queue and a POSIX message queue holding the secret; after each snippet none
+may be read, changed or added to (no new keys for any uid, no new IPC objects), and a snippet that gets past a
+limit or runs native code of its own prints ``ESCAPED`` (checked too).
+
+Every snippet runs twice: with the audit hook, and without it (bubblewrap's namespaces, the seccomp filter and
+the cgroup alone must hold; where this machine lacks any of them the second half is skipped, or fails where
+``LIT_AGENTRL_REQUIRE_SANDBOX=1``, as in CI). The snippets use no interpreter bug; they try to get around the
+hook (file descriptors relative to a directory, ``/proc/self/fd`` and ``/proc/self/root``, ``chdir``, links) or
+to disarm it from inside (frames, tracebacks, closures, defaults, ``gc``, module and builtin patching), and
+with native code (an extension module or library written to a writable place, raw system calls through
+ctypes: ``execve``, keyrings, IPC, ``memfd``, ``fallocate``, ``open_by_handle_at``) past anything the hook sees.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import dataclasses
 import glob
 import os
+import resource
 import shutil
 import stat
+import struct
+import subprocess
+import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from lit_agentrl.tools.sandbox import PythonSandbox, SandboxLimits
+from lit_agentrl.tools.sandbox import PythonSandbox, SandboxLimits, boundary
+from lit_agentrl.tools.sandbox.syscalls import seccomp_missing
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("sandbox_boundary")]
 
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=30, output_bytes=8192)
 REPO = Path(__file__).resolve().parents[2]
@@ -33,9 +50,15 @@ TOKEN = uuid.uuid4().hex
 SECRET = f"canary-secret-{TOKEN}"
 LISTING = f"canary-name-{TOKEN}.txt"
 PWN = f"PWN{TOKEN}"
+ESCAPED = f"ESCAPED{TOKEN}"
+KEY_NAME = f"lit-agentrl-canary-{TOKEN}"
+IPC_KEY = 0x5A000000 | (int(TOKEN[:6], 16) & 0xFFFFFF)
+MQ_NAME = f"/lit-agentrl-canary-{TOKEN}"
 
 PRELUDE = '''\
 import os, sys
+def escaped(what):
+    print(ESCAPED, what)
 def attempt(f):
     try:
         print("GOT", repr(f())[:300])
@@ -98,6 +121,33 @@ def refusal_frames():
         return [fr for fr in frames if fr.f_code.co_filename != "main.py"]  # the hook's and the sandbox's
     return []
 '''
+
+NATIVE = """  # loads an extension module (and the library, by ctypes) copied to NATIVE_FROM
+def go():
+    import importlib.util, shutil
+    for name in ("_bisect", "_random", "array", "_json", "math", "select", "_struct"):
+        spec = importlib.util.find_spec(name)
+        if spec and spec.origin and spec.origin.endswith(".so") and name not in sys.modules:
+            break
+    else:
+        return "no extension module on disk to copy"
+    copy = os.path.join(NATIVE_FROM, os.path.basename(spec.origin))
+    with open(spec.origin, "rb") as src, open(copy, "wb") as dst:
+        dst.write(src.read())
+    os.chmod(copy, 0o755)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, copy))
+    escaped("loaded native code from " + NATIVE_FROM)
+    return module
+attempt(go)
+def by_ctypes():
+    import ctypes
+    for entry in os.listdir(NATIVE_FROM):
+        if entry.endswith(".so"):
+            ctypes.CDLL(os.path.join(NATIVE_FROM, entry))
+            escaped("dlopen from " + NATIVE_FROM)
+attempt(by_ctypes)
+"""
+
 
 SNIPPETS = {
     # ---- file descriptors relative to a directory, and the *at-style calls
@@ -432,6 +482,189 @@ attempt(lambda: os.mknod(PWN, 0o600 | 0o060000, os.makedev(254, 0)))
 attempt(lambda: read(PWN, mode="rb")[:64])
 attempt(lambda: os.mkfifo(PUBLIC + "/" + PWN))
 """,
+    # ---- native code of its own, loaded from a writable place (each is a noexec tmpfs)
+    "native_extension_from_run_folder": """
+NATIVE_FROM = "."
+"""
+    + NATIVE,
+    "native_extension_from_tmp": """
+NATIVE_FROM = "/tmp"
+"""
+    + NATIVE,
+    "native_extension_from_dev_shm": """
+NATIVE_FROM = "/dev/shm"
+"""
+    + NATIVE,
+    # ---- programs: a fresh interpreter would have no hook
+    "execve_a_fresh_interpreter": """
+attempt(lambda: os.execv(sys.executable, [sys.executable, "-c", "print(" + repr(ESCAPED) + ")"]))
+attempt(lambda: os.posix_spawn(sys.executable, [sys.executable, "-c", "print(1)"], {}))
+def raw():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    argv = (ctypes.c_char_p * 4)(sys.executable.encode(), b"-c", ("print(" + repr(ESCAPED) + ")").encode(), None)
+    return libc.syscall(NR["execve"], sys.executable.encode(), argv, None), os.strerror(ctypes.get_errno())
+attempt(raw)
+""",
+    # ---- the parent's keyrings
+    "keyring_read_the_parents_key": """
+def go():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = libc.syscall(NR["keyctl"], 10, -3, b"user", KEY_NAME.encode(), 0)  # KEYCTL_SEARCH in the session keyring
+    if key < 0:
+        return "search", os.strerror(ctypes.get_errno())
+    buf = ctypes.create_string_buffer(4096)
+    got = libc.syscall(NR["keyctl"], 11, key, buf, 4096)  # KEYCTL_READ
+    return got, buf.value
+attempt(go)
+""",
+    "keyring_add_and_link": """
+def go():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    found = []
+    for ring in (-3, -4, -5):  # session, user, user-session keyrings
+        key = libc.syscall(NR["add_key"], b"user", (PWN + str(ring)).encode(), b"x", 1, ring)
+        found.append((ring, key, os.strerror(ctypes.get_errno())))
+        if key > 0:
+            escaped("added a key to keyring %d" % ring)
+            libc.syscall(NR["keyctl"], 8, key, -4)  # KEYCTL_LINK into the user keyring
+    libc.syscall(NR["keyctl"], 1, b"lit-agentrl-sandbox")  # KEYCTL_JOIN_SESSION_KEYRING
+    return found
+attempt(go)
+""",
+    # ---- the machine's System V and POSIX IPC
+    "sysv_ipc_read_and_leave_behind": """
+def go():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    found = []
+    shm = libc.syscall(NR["shmget"], IPC_KEY, 0, 0)
+    found.append(("shmget", shm, os.strerror(ctypes.get_errno())))
+    if shm >= 0:
+        address = libc.shmat(shm, None, 0)
+        found.append(ctypes.string_at(address, 80))
+    msg = libc.syscall(NR["msgget"], IPC_KEY, 0)
+    found.append(("msgget", msg, os.strerror(ctypes.get_errno())))
+    for call, args in (("shmget", (0, 4096, 0o1666)), ("msgget", (0, 0o1666)), ("semget", (0, 1, 0o1666))):
+        made = libc.syscall(NR[call], *args)  # IPC_PRIVATE | IPC_CREAT: objects that would outlive the run
+        if made >= 0:
+            escaped(call + " made an IPC object")
+    return found
+attempt(go)
+""",
+    "posix_message_queue": """
+def go():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    found = []
+    for name, flags in ((MQ_NAME, 0), ("/" + PWN, 0o100 | 2)):  # read the machine's; make one (O_CREAT|O_RDWR)
+        mq = libc.syscall(NR["mq_open"], name[1:].encode(), flags, 0o666, None)
+        found.append((name, mq, os.strerror(ctypes.get_errno())))
+        if mq >= 0:
+            escaped("opened POSIX message queue " + name)
+    return found
+attempt(go)
+""",
+    # ---- files by handle: past every folder's permissions
+    "open_by_handle_at_root": """
+def go():
+    import ctypes, struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    handle = ctypes.create_string_buffer(struct.pack("II", 8, 1) + struct.pack("II", 2, 0))  # inode 2: a root
+    mount_id = ctypes.c_int()
+    here = ctypes.create_string_buffer(struct.pack("II", 128, 0) + bytes(128))
+    named = libc.syscall(NR["name_to_handle_at"], -100, b".", here, ctypes.byref(mount_id), 0)
+    fd = libc.syscall(NR["open_by_handle_at"], os.open(".", os.O_RDONLY), handle, 0o200000)  # O_DIRECTORY
+    if fd >= 0:
+        escaped("open_by_handle_at")
+        return os.listdir(fd)
+    return named, fd, os.strerror(ctypes.get_errno())
+attempt(go)
+""",
+    # ---- memory and disk the rlimits do not count
+    "memfd_and_fallocate": """
+def go():
+    try:
+        fd = os.memfd_create("x")
+    except OSError as e:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.syscall(NR["memfd_create"], b"x", 0)
+        if fd < 0:
+            return "memfd", e, os.strerror(ctypes.get_errno())
+    os.posix_fallocate(fd, 0, 1536 * 2**20)
+    escaped("held 1.5 GiB in a memfd")
+attempt(go)
+""",
+    "fallocate_past_the_limits": """
+def go():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    found = []
+    for place in (".", "/tmp", "/dev/shm"):
+        fd = os.open(place + "/" + PWN, os.O_CREAT | os.O_WRONLY, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, 4 * 2**30)
+            escaped("posix_fallocate of 4 GiB in " + place)
+        except OSError as e:
+            found.append((place, "posix_fallocate", e.errno))
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+        if libc.fallocate(fd, 1, 0, 2**31) == 0:  # FALLOC_FL_KEEP_SIZE: past RLIMIT_FSIZE
+            escaped("FALLOC_FL_KEEP_SIZE in " + place)
+        found.append((place, "keep_size", os.strerror(ctypes.get_errno())))
+        os.close(fd)
+    return found
+attempt(go)
+""",
+    "fill_every_writable_place": """
+def go():
+    total = 0
+    chunk = b"x" * 2**20
+    for place in (".", "/tmp", "/dev/shm"):
+        for n in range(400):
+            try:
+                with open(place + "/fill%d" % n, "wb") as f:
+                    f.write(chunk * 8)
+                total += 8
+            except OSError:
+                break
+    if total > 160:  # the run's tmpfs is 4 x file_size_mb = 64 MiB (plus what the hook lets it write)
+        escaped("stored %d MiB" % total)
+    return total
+attempt(go)
+""",
+    # ---- the parent's cleanup
+    "deep_tree_setuid_and_locked": """
+def go():
+    for _ in range(1200):
+        os.mkdir("d")
+        os.chdir("d")
+    with open("suid", "w") as f:
+        f.write("#!/bin/sh\\\\n")
+    os.chmod("suid", 0o4755)
+    os.chdir("/")
+    return os.stat("suid" if os.path.exists("suid") else "/").st_mode
+attempt(go)
+""",
+    # ---- readers the hook does not see (C libraries opening files themselves)
+    "ssl_spwd_sqlite_read": """
+def ssl_read():
+    import ssl
+    ssl.create_default_context().load_verify_locations(SECRET)
+attempt(ssl_read)
+def shadow():
+    import spwd
+    escaped("read the shadow file") if spwd.getspall() else None
+attempt(shadow)
+def sqlite_tmp():
+    import sqlite3
+    sqlite3.connect("/tmp/" + PWN + ".db").execute("create table t(x)")
+    return os.listdir("/tmp")
+attempt(sqlite_tmp)
+""",
 }
 
 
@@ -475,8 +708,60 @@ def canaries():
             Path(leftover).unlink(missing_ok=True)
 
 
-def state(paths: dict[str, str]) -> dict[str, object]:
-    """What must not change: each canary's content and metadata, the world-writable folders' contents."""
+def _syscall_numbers() -> dict[str, int]:
+    import pyseccomp
+
+    names = ("execve", "keyctl", "add_key", "shmget", "msgget", "semget", "mq_open", "memfd_create")
+    names += ("name_to_handle_at", "open_by_handle_at")
+    return {name: pyseccomp.resolve_syscall(pyseccomp.system_arch(), name) for name in names}
+
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+NR = _syscall_numbers() if not seccomp_missing() else {}
+
+
+def _checked(value: int, what: str) -> int:
+    if value < 0:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+    return value
+
+
+@pytest.fixture(scope="module")
+def host_objects():
+    """The secret in this process's session keyring, a System V segment and queue, a POSIX message queue."""
+    if not NR:
+        pytest.skip(f"the canaries are made with raw system calls, numbered by libseccomp: {seccomp_missing()}")
+    key = _checked(LIBC.syscall(NR["add_key"], b"user", KEY_NAME.encode(), SECRET.encode(), len(SECRET), -3), "add_key")
+    shm = _checked(LIBC.syscall(NR["shmget"], IPC_KEY, 4096, 0o1600), "shmget")
+    LIBC.shmat.restype = ctypes.c_void_p
+    address = LIBC.shmat(shm, None, 0)
+    ctypes.memmove(address, SECRET.encode(), len(SECRET))
+    LIBC.shmdt(ctypes.c_void_p(address))
+    queue = _checked(LIBC.syscall(NR["msgget"], IPC_KEY, 0o1600), "msgget")
+    message = struct.pack("l", 1) + SECRET.encode()
+    _checked(LIBC.msgsnd(queue, message, len(SECRET), 0), "msgsnd")
+    LIBC.mq_open.restype = ctypes.c_int
+    mq = _checked(LIBC.mq_open(MQ_NAME.encode(), os.O_CREAT | os.O_RDWR, 0o600, None), "mq_open")
+    _checked(LIBC.mq_send(mq, SECRET.encode(), len(SECRET), 0), "mq_send")
+    try:
+        yield {"key": key}
+    finally:
+        LIBC.syscall(NR["keyctl"], 21, key)  # KEYCTL_INVALIDATE
+        LIBC.shmctl(shm, 0, None)  # IPC_RMID
+        LIBC.msgctl(queue, 0, None)
+        LIBC.mq_close(mq)
+        LIBC.mq_unlink(MQ_NAME.encode())
+
+
+def _key_payload(key: int) -> bytes:
+    buffer = ctypes.create_string_buffer(4096)
+    size = LIBC.syscall(NR["keyctl"], 11, key, buffer, 4096)  # KEYCTL_READ
+    return buffer.raw[: max(size, 0)]
+
+
+def state(paths: dict[str, str], objects: dict[str, int]) -> dict[str, object]:
+    """What must not change: each canary's content and metadata, the world-writable folders' contents, the
+    machine's keys and IPC objects, and nothing of a run left on the host (folders, mounts, cgroups)."""
     found: dict[str, object] = {}
     for key in ("SECRET", "PUBCANARY", "SHM", "CHECKOUT"):
         st = os.lstat(paths[key])
@@ -484,51 +769,134 @@ def state(paths: dict[str, str]) -> dict[str, object]:
         found[key] = (content, st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_nlink)
     found["public"] = sorted(os.listdir(paths["PUBLIC"]))
     found["pwned"] = sorted(glob.glob(f"/tmp/{PWN}*") + glob.glob(f"/dev/shm/{PWN}*"))
+    found["run folders"] = sorted(glob.glob("/tmp/lit-agentrl-sandbox-*"))
+    found["mount point"] = os.listdir(boundary.mount_point())
+    found["cgroups"] = glob.glob(f"/sys/fs/cgroup/**/lit-agentrl-sandbox/run-{os.getpid()}-*", recursive=True)
+    found["key"] = _key_payload(objects["key"])
+    found["session keyring"] = _key_payload(-3)
+    found["key users"] = Path("/proc/key-users").read_text()
+    found["ipc"] = [Path(f"/proc/sysvipc/{kind}").read_text() for kind in ("shm", "msg", "sem")]
     return found
 
 
 def program(name: str, paths: dict[str, str]) -> str:
     constants = "".join(f"{key} = {value!r}\n" for key, value in paths.items())
-    constants += f"PWN = {PWN!r}\nWORK = os.getcwd()\n"
+    constants += f"PWN = {PWN!r}\nESCAPED = {ESCAPED!r}\nKEY_NAME = {KEY_NAME!r}\nIPC_KEY = {IPC_KEY}\n"
+    constants += f"MQ_NAME = {MQ_NAME!r}\nNR = {NR!r}\nWORK = os.getcwd()\n"
     return PRELUDE + constants + SNIPPETS[name]
+
+
+def _sandbox(hook: bool) -> PythonSandbox:
+    """A sandbox with the corpus's limits (the ``sandbox_boundary`` fixture has checked it can be built)."""
+    sandbox = PythonSandbox(LIMITS)
+    sandbox._guard = hook
+    return sandbox
 
 
 @pytest.fixture(scope="module")
 def guarded() -> PythonSandbox:
-    return PythonSandbox(LIMITS)
+    return _sandbox(hook=True)
 
 
 @pytest.fixture(scope="module")
 def kernel_only() -> PythonSandbox:
     """The audit hook switched off: the kernel's layers alone."""
-    bare = PythonSandbox(LIMITS)
-    if not bare.filesystem_isolated:
-        pytest.skip("this machine offers no kernel file-system layer (the isolation report says so)")
-    bare._guard = False
-    return bare
+    return _sandbox(hook=False)
 
 
 def test_the_corpus_is_big_enough():
-    assert len(SNIPPETS) >= 40
+    assert len(SNIPPETS) >= 60
 
 
-def check(sandbox: PythonSandbox, name: str, paths: dict[str, str]) -> None:
-    before = state(paths)
+def check(sandbox: PythonSandbox, name: str, paths: dict[str, str], objects: dict[str, int]) -> None:
+    before = state(paths, objects)
     result = sandbox.run(program(name, paths))
     text = result.stdout + result.stderr
+    assert ESCAPED not in text, f"{name} got past a layer:\n{text}"
     assert SECRET not in text, f"{name} read a canary:\n{text}"
     assert LISTING not in text, f"{name} listed the checkout:\n{text}"
     assert "[build-system]" not in text, f"{name} read the project's pyproject.toml:\n{text}"
-    assert state(paths) == before, f"{name} changed a canary or wrote outside:\n{text}"
+    assert state(paths, objects) == before, f"{name} changed a canary, wrote outside or left something:\n{text}"
     # Refused in its setup, or it ran its attempts; not broken by a mistake of its own.
     assert not any(f"{bug}Error:" in text for bug in ("Name", "Syntax", "Indentation", "Unbound")), text
 
 
 @pytest.mark.parametrize("name", sorted(SNIPPETS))
-def test_with_the_audit_hook(guarded, canaries, name):
-    check(guarded, name, canaries)
+def test_with_the_audit_hook(guarded, canaries, host_objects, name):
+    check(guarded, name, canaries, host_objects)
 
 
 @pytest.mark.parametrize("name", sorted(SNIPPETS))
-def test_with_the_kernel_layers_alone(kernel_only, canaries, name):
-    check(kernel_only, name, canaries)
+def test_with_the_kernel_layers_alone(kernel_only, canaries, host_objects, name):
+    check(kernel_only, name, canaries, host_objects)
+
+
+# ------------------------------------------------------------------- across runs, and the parent's own side
+
+
+def test_a_later_run_finds_nothing_of_an_earlier_one(kernel_only):
+    leave = "open('/tmp/left', 'w').write('x'); open('/dev/shm/left', 'w').write('x'); open('left', 'w').write('x')"
+    assert kernel_only.run(leave).error is None
+    look = "import os\nprint(sorted(os.listdir('/tmp') + os.listdir('/dev/shm') + os.listdir('.')))"
+    assert kernel_only.run(look).stdout.strip() == "['main.py']"
+
+
+def test_processes_left_running_are_killed():
+    """With forks allowed, a daemonised grandchild outlives its parent: not the run."""
+    _sandbox(hook=False)  # skips (or fails) where the boundary is missing
+    forking = PythonSandbox(dataclasses.replace(LIMITS, max_processes=4))
+    forking._guard = False
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n"
+    code += f"        print({ESCAPED!r})\n    os._exit(0)\nprint('parent done')"
+    result = forking.run(code)
+    assert result.stdout.strip() == "parent done", result.error
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _run_processes():
+        time.sleep(0.05)
+    assert not _run_processes()
+
+
+def _run_processes() -> list[int]:
+    from lit_agentrl.tools.sandbox.runner import TOKEN_PREFIX
+
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if f"{TOKEN_PREFIX}{os.getpid()}-".encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+    return found
+
+
+def test_an_output_flood_costs_the_parent_little(kernel_only):
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    result = kernel_only.run("import sys\nwhile True: sys.stdout.write('x' * 65536)")
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    spent = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert result.error.startswith("OutputError")
+    assert spent < LIMITS.cpu_seconds, f"the parent spent {spent:.2f} s of CPU on one run's output"
+
+
+def test_the_boundary_does_not_depend_on_the_parents_umask(canaries, host_objects):
+    previous = os.umask(0o027)
+    try:
+        check(_sandbox(hook=False), "dir_fd_from_root", canaries, host_objects)
+        check(_sandbox(hook=False), "open_by_handle_at_root", canaries, host_objects)
+        assert _sandbox(hook=False).run("print(1)").stdout == "1\n"
+    finally:
+        os.umask(previous)
+
+
+def test_an_interpreter_under_tmp_gets_the_whole_boundary(tmp_path, canaries, host_objects):
+    """The run's private /tmp must not hide an interpreter that lives under the machine's /tmp."""
+    venv = Path(tempfile.mkdtemp(prefix="lit-agentrl-venv-", dir="/tmp"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        os.chmod(venv, 0o755)
+        sandbox = PythonSandbox(LIMITS, python=str(venv / "bin" / "python"))
+        assert sandbox.strong and sandbox.run("import sys\nprint(sys.executable)").stdout.strip() == str(
+            venv / "bin" / "python"
+        )
+        sandbox._guard = False
+        check(sandbox, "plain_reads", canaries, host_objects)
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)

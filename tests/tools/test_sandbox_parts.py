@@ -1,17 +1,18 @@
 """The sandbox's parts, tested directly in this process: no sandboxed interpreter is started here.
 
-Limits and results, the host-side helpers, and the child's own code (stage 1, stage 2, the guard), which the
-child gets as text but which is importable here. The guard is built and called as a plain function, never
+Limits and results, the host-side helpers (bubblewrap's arguments, the seccomp filters, the cgroups), and the
+child's own code (the stage, the guard), which the child gets as text but which is importable here. The guard is built and called as a plain function, never
 installed: an audit hook cannot be removed, so installing it would confine the test process itself.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
+import shlex
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,15 +20,16 @@ import pytest
 from lit_agentrl.tools.sandbox import (
     SandboxLimits,
     SandboxResult,
+    boundary,
+    cgroups,
     guard,
     limits_from_mapping,
-    rootfs,
     runner,
-    stage1,
-    stage2,
+    stage,
+    syscalls,
 )
-from lit_agentrl.tools.sandbox.processes import UID_SPAN, uid_base
-from lit_agentrl.tools.sandbox.results import OutputCapture, failure, result_from_exit
+from lit_agentrl.tools.sandbox.processes import UID_SPAN, remove_tree, uid_base
+from lit_agentrl.tools.sandbox.results import FLOOD_FACTOR, OutputCapture, failure, result_from_exit
 
 # ----------------------------------------------------------------------------------- limits and results
 
@@ -81,8 +83,8 @@ def test_exit_status_becomes_the_error_text():
     assert _outcome(-signal.SIGKILL).error.startswith("Killed: the code exceeded its CPU time or memory")
     assert _outcome(-signal.SIGSEGV, b"Fatal Python error").error == "Killed by SIGSEGV.\nFatal Python error"
     assert _outcome(-200).error == "Killed by signal 200."
-    setup = _outcome(stage1.SETUP_EXIT, (stage1.SETUP_PREFIX + "could not drop privileges\n").encode())
-    assert setup.error == "SandboxError: could not drop privileges"
+    setup = _outcome(stage.SETUP_EXIT, (stage.SETUP_PREFIX + "could not load a seccomp filter\n").encode())
+    assert setup.error == "SandboxError: could not load a seccomp filter"
     assert _outcome(1, b"Traceback ...\nValueError: x\n").error == "Traceback ...\nValueError: x"
     assert _outcome(3).error == "the code exited with status 3"
     assert _outcome(0, stdout=b"x" * 200).truncated
@@ -101,7 +103,7 @@ def test_uid_base_prefers_2e9_and_needs_a_big_enough_map(tmp_path):
 
 # ---------------------------------------------------------------------------- the child's code, as text
 
-CHILD_MODULES = [stage1, rootfs, stage2, guard]
+CHILD_MODULES = [stage, guard]
 
 
 @pytest.mark.parametrize("module", CHILD_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
@@ -128,71 +130,45 @@ def test_child_code_is_standard_library_only_ascii_and_inert_on_import(module):
 
 
 def test_the_runner_sends_exactly_these_files():
-    assert Path(stage1.__file__).read_text(encoding="utf-8") == runner.STAGE1_SOURCE
-    assert Path(stage2.__file__).read_text(encoding="utf-8") == runner.STAGE2_SOURCE
+    assert Path(stage.__file__).read_text(encoding="utf-8") == runner.STAGE_SOURCE
     assert Path(guard.__file__).read_text(encoding="utf-8") == runner.GUARD_SOURCE
-    assert Path(rootfs.__file__).read_text(encoding="utf-8") == runner.ROOTFS_SOURCE
-    assert stage2.MARKER in runner.LAUNCH and guard.SANDBOX_FILE == stage2.MARKER
+    assert stage.MARKER in runner.LAUNCH and guard.SANDBOX_FILE == stage.MARKER
 
 
-def test_load_guard_keeps_the_guard_out_of_stage_2s_globals():
-    install = stage2.load_guard(runner.GUARD_SOURCE)  # loaded, never called: it would confine this process
-    assert install.__name__ == "install_guard" and install.__code__.co_filename == stage2.MARKER
-    assert install.__globals__ is not vars(stage2) and "install_guard" not in vars(stage2)
+def test_load_guard_keeps_the_guard_out_of_the_stages_globals():
+    install = stage.load_guard(runner.GUARD_SOURCE)  # loaded, never called: it would confine this process
+    assert install.__name__ == "install_guard" and install.__code__.co_filename == stage.MARKER
+    assert install.__globals__ is not vars(stage) and "install_guard" not in vars(stage)
 
 
-# -------------------------------------------------------------------------------------------- stage 1
-
-
-def test_readable_by_others_checks_the_file_and_every_directory_above():
-    top = tempfile.mkdtemp(dir="/tmp")  # /tmp: world-searchable
-    try:
-        os.chmod(top, 0o755)
-        path = os.path.join(top, "lib.py")
-        Path(path).write_text("x = 1\n")
-        os.chmod(path, 0o644)
-        assert stage1.readable_by_others(path) and stage1.readable_by_others(top)
-        os.chmod(path, 0o640)
-        assert not stage1.readable_by_others(path)
-        os.chmod(path, 0o644)
-        os.chmod(top, 0o754)  # others may list it but not enter it
-        assert not stage1.readable_by_others(path) and not stage1.readable_by_others(top)
-        assert not stage1.readable_by_others(os.path.join(top, "missing"))
-    finally:
-        os.chmod(top, 0o755)
-        for name in os.listdir(top):
-            os.remove(os.path.join(top, name))
-        os.rmdir(top)
-
-
-# -------------------------------------------------------------------------------------------- stage 2
+# ---------------------------------------------------------------------------------------------- stage
 
 
 def test_report_leaves_out_the_sandboxs_own_frames(capsys):
     namespace: dict = {}
-    exec(compile("def call(f):\n    return f()\n", stage2.MARKER, "exec"), namespace)
+    exec(compile("def call(f):\n    return f()\n", stage.MARKER, "exec"), namespace)
     exec(compile("def fail():\n    raise ValueError('boom')\n", "main.py", "exec"), namespace)
     with pytest.raises(ValueError) as caught:
         namespace["call"](namespace["fail"])
-    stage2.report_exception(caught.value, __import__("traceback"))
+    stage.report_exception(caught.value, __import__("traceback"))
     text = capsys.readouterr().err
     assert 'File "main.py", line 2, in fail' in text and text.endswith("ValueError: boom\n")
-    assert stage2.MARKER not in text
+    assert stage.MARKER not in text
 
 
 def test_run_code_returns_the_exit_status(capsys):
     import traceback
 
-    assert stage2.run_code("print(6 * 7)", traceback) == 0
-    assert stage2.run_code("1 / 0", traceback) == 1
+    assert stage.run_code("print(6 * 7)", traceback) == 0
+    assert stage.run_code("1 / 0", traceback) == 1
     with pytest.raises(SystemExit):
-        stage2.run_code("raise SystemExit(3)", traceback)
+        stage.run_code("raise SystemExit(3)", traceback)
     out, err = capsys.readouterr()
     assert out == "42\n" and err.endswith("ZeroDivisionError: division by zero\n")
 
 
 def test_library_roots_are_resolved_directories_of_sys_path():
-    roots = stage2.library_roots(site=False)
+    roots = stage.library_roots(site=False)
     assert roots == tuple(sorted(roots)) and "/" not in roots
     assert all(os.path.isdir(r) and os.path.realpath(r) == r for r in roots)
     assert os.path.realpath(os.path.dirname(os.__file__)) in roots
@@ -408,14 +384,153 @@ def test_relative_paths_may_not_climb_and_descriptors_are_followed(layout):
         os.close(fd)
 
 
-def test_elf_interpreter_and_mirror(tmp_path):
-    loader = rootfs.elf_interpreter(os.path.realpath(sys.executable))  # None: a static or non-ELF interpreter
-    assert loader is None or (loader.startswith("/") and os.path.exists(loader))
-    assert rootfs.elf_interpreter(__file__) is None
-    (tmp_path / "real").mkdir()
-    (tmp_path / "real" / "f").write_text("")
-    os.symlink("real", tmp_path / "link")
-    new = tmp_path / "new"
-    new.mkdir()
-    assert rootfs.mirror(str(tmp_path / "link" / "f"), str(new)) == str(tmp_path / "real" / "f")
-    assert os.readlink(str(new) + str(tmp_path / "link")) == "real"
+# ------------------------------------------------------------------------------------ the host's side
+
+
+def test_the_flood_and_memory_errors_name_their_limit():
+    flooded = _outcome(-signal.SIGKILL, stdout=b"x" * 10)
+    assert flooded.error.startswith("Killed")  # (without the flag: an ordinary kill)
+    limits = SandboxLimits(output_bytes=100, memory_mb=64)
+    text = result_from_exit(-9, False, OutputCapture(100), OutputCapture(100, tail=True), limits, flooded=True).error
+    assert text.startswith(f"OutputError: the code printed more than {FLOOD_FACTOR * 100} bytes")
+    text = result_from_exit(-9, False, OutputCapture(100), OutputCapture(100), limits, out_of_memory=True).error
+    assert text.startswith("MemoryError: the code used more than its 64 MB")
+
+
+def test_the_boundary_filter_compiles_and_names_real_system_calls():
+    if syscalls.seccomp_missing():
+        pytest.skip(syscalls.seccomp_missing())
+    import pyseccomp
+
+    program = syscalls.boundary_filter()
+    assert len(program) % 8 == 0 and len(program) > 8 * 100  # BPF instructions: one check per denied call at least
+    known = [
+        n
+        for names in syscalls.DENIED.values()
+        for n in names
+        if pyseccomp.resolve_syscall(pyseccomp.system_arch(), n) >= 0
+    ]
+    assert len(known) > 0.9 * sum(map(len, syscalls.DENIED.values()))  # the list is not mostly typos
+    assert "memfd_create" in known and "open_by_handle_at" in known and "keyctl" in known
+    assert len(syscalls.exec_filter()) < len(program)
+
+
+def test_remove_tree_removes_a_deep_locked_tree(tmp_path):
+    top = tmp_path / "run"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(1200):  # deeper than Python's recursion limit (and than PATH_MAX, as a path)
+        os.mkdir("dd", dir_fd=fd)
+        inner = os.open("dd", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    os.chmod(top / "dd", 0o000)
+    remove_tree(str(top))
+    remove_tree(str(tmp_path / "missing"))  # never raises
+    assert not top.exists()
+
+
+def test_bubblewraps_arguments(monkeypatch):
+    mounts = boundary.RunMounts(binds=("/opt/py", "/root/py"), hidden=("/opt/py/lib/site-packages",))
+    monkeypatch.setattr(boundary, "reachable_by", lambda uid, path: path != "/root/py")
+    run = boundary.Boundary(
+        mounts,
+        uid=2_000_000_001,
+        scratch_bytes=2**20,
+        cgroup_procs=("/cg/run/cgroup.procs",),
+        env={"HOME": boundary.RUN_DIR},
+        code_fd=5,
+        seccomp_fd=6,
+    )
+    argv = run.argv(["python", "-c", "x"])
+    assert argv[:5] == ["unshare", "--mount", "--propagation", "private", "--"]
+    script = argv[-1]
+    top = boundary.mount_point()
+    assert (
+        "mount -t tmpfs -o size=1048576,nr_inodes=4096,mode=0700,uid=2000000001,gid=2000000001,noexec,nosuid,nodev"
+        in script
+    )
+    assert f"mount --bind /root/py {top}/ro/1" in script and "/opt/py " + top not in script  # only the unreachable one
+    assert "echo $$ > /cg/run/cgroup.procs" in script
+    last = shlex.split(script.splitlines()[-1])
+    assert last[:8] == [
+        "exec",
+        "setpriv",
+        "--reuid",
+        "2000000001",
+        "--regid",
+        "2000000001",
+        "--clear-groups",
+        "--inh-caps=-all",
+    ]
+    bwrap = last[last.index("bwrap") :]
+    for flag in (
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+    ):
+        assert flag in bwrap, flag
+    pairs = list(zip(bwrap, bwrap[1:], bwrap[2:]))
+    assert ("--ro-bind", "/opt/py", "/opt/py") in pairs and ("--ro-bind", f"{top}/ro/1", "/root/py") in pairs
+    assert ("--bind", f"{top}/home", boundary.RUN_DIR) in pairs and ("--bind", f"{top}/shm", "/dev/shm") in pairs
+    assert bwrap.index("/tmp") < bwrap.index("/opt/py")  # an interpreter under /tmp is bound over the run's /tmp
+    assert ("--tmpfs", "/opt/py/lib/site-packages", "--remount-ro") in pairs
+    assert ("--seccomp", "6", "--chdir") in pairs and ("--file", "5", f"{boundary.RUN_DIR}/main.py") in pairs
+    assert bwrap[-4:] == ["--", "python", "-c", "x"]
+    unprivileged = dataclasses.replace(run, uid=None).argv(["python"])
+    assert unprivileged[:4] == ["unshare", "--user", "--map-root-user", "--mount"] and "setpriv" not in unprivileged[-1]
+
+
+def test_interpreter_layout_binds_the_prefixes_and_hides_site_packages():
+    layout = boundary.interpreter_layout(sys.executable, site=False)
+    assert any(
+        os.path.realpath(sys.base_prefix).startswith(b) or b.startswith("/usr") for b in layout.binds
+    ) or os.path.realpath(sys.base_prefix).startswith("/usr")
+    assert all(not a.startswith(b + "/") for a in layout.binds for b in layout.binds)  # no bind inside another
+    assert layout.hidden and all(os.path.isdir(h) for h in layout.hidden)
+    assert boundary.interpreter_layout(sys.executable, site=True).hidden == ()
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_cgroups_are_made_with_their_limits_and_removed(tmp_path, monkeypatch, version):
+    """Against a fake /sys/fs/cgroup: the files the kernel reads, in each layout."""
+    if version == "v1":
+        (tmp_path / "memory" / "trainer").mkdir(parents=True)
+        (tmp_path / "pids").mkdir()
+        for folder in (tmp_path / "memory", tmp_path / "pids"):
+            (folder / "cgroup.procs").write_text("")
+        proc = "5:memory:/trainer\n4:pids:/\n0::/\n"
+    else:
+        (tmp_path / "trainer").mkdir()
+        (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+        (tmp_path / "trainer" / "cgroup.controllers").write_text("memory pids\n")
+        proc = "0::/trainer\n"
+    (tmp_path / "proc_cgroup").write_text(proc)
+    monkeypatch.setattr(cgroups, "ROOT", tmp_path)
+    monkeypatch.setattr(cgroups, "_own_groups", lambda: cgroups._parse(str(tmp_path / "proc_cgroup")))
+    if version == "v2":  # what the kernel makes in each new group: a fake cannot, so the test does
+        (tmp_path / "trainer" / cgroups.GROUP).mkdir()
+        (tmp_path / "trainer" / cgroups.GROUP / "cgroup.subtree_control").write_text("")
+    group = cgroups.RunCgroup.create(memory_bytes=123, tasks=7)
+    assert group.version == version
+    if version == "v1":
+        memory, pids = group.dirs
+        assert memory.parent == tmp_path / "memory" / "trainer" / cgroups.GROUP
+        assert (memory / "memory.limit_in_bytes").read_text() == "123" and (pids / "pids.max").read_text() == "7"
+    else:
+        (folder,) = group.dirs
+        assert (folder / "memory.max").read_text() == "123" and (folder / "pids.max").read_text() == "7"
+        assert (folder.parent / "cgroup.subtree_control").read_text() == "+memory +pids"
+    for folder in group.dirs:  # rmdir of a real cgroup ignores its files; a fake's must go first
+        for item in folder.iterdir():
+            item.unlink()
+    group.remove()
+    assert not any(folder.exists() for folder in group.dirs)

@@ -11,9 +11,13 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from lit_agentrl.tools.sandbox.limits import SandboxLimits
-from lit_agentrl.tools.sandbox.stage1 import SETUP_EXIT, SETUP_PREFIX
+from lit_agentrl.tools.sandbox.stage import SETUP_EXIT, SETUP_PREFIX
 
-__all__ = ["CodeRunner", "OutputCapture", "SandboxResult", "failure", "result_from_exit"]
+__all__ = ["FLOOD_FACTOR", "CodeRunner", "OutputCapture", "SandboxResult", "failure", "result_from_exit"]
+
+FLOOD_FACTOR = 64
+"""Output beyond this many times ``output_bytes`` (stdout and stderr together) stops the run: the parent's own
+CPU per run stays bounded however much the code prints."""
 
 
 @dataclass
@@ -112,15 +116,33 @@ def tail(text: str, limit: int = 2000) -> str:
 
 
 def result_from_exit(
-    code: int | None, timed_out: bool, out: OutputCapture, err: OutputCapture, limits: SandboxLimits
+    code: int | None,
+    timed_out: bool,
+    out: OutputCapture,
+    err: OutputCapture,
+    limits: SandboxLimits,
+    *,
+    flooded: bool = False,
+    out_of_memory: bool = False,
 ) -> SandboxResult:
-    """The result of a finished run: its exit status (or the signal that killed it) turned into ``error``."""
+    """The result of a finished run: its exit status (or the signal that killed it, or why the parent stopped
+    it) turned into ``error``."""
     stdout, stderr = out.text(), err.text()
     error: str | None = None
-    if timed_out:
+    if flooded:
+        error = (
+            f"OutputError: the code printed more than {FLOOD_FACTOR * limits.output_bytes} bytes and was stopped "
+            f"(only the first {limits.output_bytes} bytes of stdout are kept: print less)."
+        )
+    elif timed_out:
         error = f"TimeoutError: the code did not finish within {limits.wall_seconds:g} seconds and was stopped."
     elif code == -signal.SIGXCPU:
         error = f"TimeoutError: the code used more than {limits.cpu_seconds:g} seconds of CPU time and was stopped."
+    elif out_of_memory and code is not None and code != 0:
+        error = (
+            f"MemoryError: the code used more than its {limits.memory_mb} MB of memory (counting the files it "
+            "wrote) and was stopped."
+        )
     elif code == -signal.SIGKILL:
         error = "Killed: the code exceeded its CPU time or memory limit and was stopped."
     elif code is not None and code < 0:

@@ -1,15 +1,13 @@
 """The parent's side of a sandboxed run: :class:`PythonSandbox`.
 
-It finds out once which isolation this machine allows (a probe run), prepares each run (a private folder
-with the code in ``main.py``, a uid, a task limit, the child's config), launches the child, keeps a bounded
-part of its output, kills it at the wall-clock limit, and turns what happened into a :class:`SandboxResult`.
+It finds out once what this machine allows (:attr:`PythonSandbox.isolation`, from a probe run) and refuses to
+be built without the whole boundary unless weak isolation is accepted. Each run gets a cgroup
+(:mod:`.cgroups`), a seccomp filter (:mod:`.syscalls`) and bubblewrap's namespaces and mounts
+(:mod:`.boundary`); the parent keeps a bounded part of the child's output, kills it at the wall-clock limit
+or when its output floods, and turns what happened into a :class:`SandboxResult`.
 
-The child's code is the text of :mod:`~lit_agentrl.tools.sandbox.stage1`,
-:mod:`~lit_agentrl.tools.sandbox.rootfs`, :mod:`~lit_agentrl.tools.sandbox.stage2` and
-:mod:`~lit_agentrl.tools.sandbox.guard`, read from those files once and passed on the command line:
-``python -I -S -B -c LAUNCH STAGE1 CONFIG ROOTFS STAGE2 GUARD``. Stage 1 runs ROOTFS in a namespace of its own
-and ``exec``s ``python -I -S -B -c LAUNCH STAGE2 CONFIG GUARD``; stage 2 compiles GUARD into a namespace of
-its own. The child never imports the project.
+The child runs ``python -I -S -B -c LAUNCH STAGE CONFIG GUARD``: :mod:`.stage` and :mod:`.guard` travel as
+text (the child never imports the project).
 """
 
 from __future__ import annotations
@@ -20,14 +18,18 @@ import json
 import math
 import os
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lit_agentrl.tools.sandbox.boundary import RUN_DIR, Boundary, boundary_missing, interpreter_layout
+from lit_agentrl.tools.sandbox.cgroups import RunCgroup, cgroup_missing, cgroup_version
 from lit_agentrl.tools.sandbox.limits import SandboxLimits
 from lit_agentrl.tools.sandbox.processes import (
     UID_SPAN,
@@ -36,30 +38,18 @@ from lit_agentrl.tools.sandbox.processes import (
     next_run_number,
     remove_tree,
     uid_base,
-    user_task_count,
 )
-from lit_agentrl.tools.sandbox.results import OutputCapture, SandboxResult, failure, result_from_exit
-from lit_agentrl.tools.sandbox.stage2 import MARKER
+from lit_agentrl.tools.sandbox.results import FLOOD_FACTOR, OutputCapture, SandboxResult, failure, result_from_exit
+from lit_agentrl.tools.sandbox.stage import MARKER
+from lit_agentrl.tools.sandbox.syscalls import boundary_filter, exec_filter, seccomp_missing
 
-__all__ = [
-    "CHILD_ENV",
-    "GUARD_SOURCE",
-    "HOOK_ONLY",
-    "LAUNCH",
-    "ROOTFS_SOURCE",
-    "STAGE1_SOURCE",
-    "STAGE2_SOURCE",
-    "TOKEN_PREFIX",
-    "PythonSandbox",
-]
+__all__ = ["CHILD_ENV", "GUARD_SOURCE", "LAUNCH", "STAGE_SOURCE", "TOKEN_PREFIX", "PythonSandbox", "SandboxUnavailable"]
 
 LAUNCH = "import sys;exec(compile(sys.argv[1],'" + MARKER + "','exec'))"
-"""The child's ``-c`` program: run ``sys.argv[1]`` (a stage's text) as ``__main__``, under the marker name."""
+"""The child's ``-c`` program: run ``sys.argv[1]`` (the stage's text) as ``__main__``, under the marker name."""
 TOKEN_PREFIX = "lit-agentrl-run-"
-"""A run's token, in its child's command line (and its children's), is ``TOKEN_PREFIX<trainer pid>-<n>-<random>``."""
-STAGE1_SOURCE = Path(__file__).with_name("stage1.py").read_text(encoding="utf-8")
-STAGE2_SOURCE = Path(__file__).with_name("stage2.py").read_text(encoding="utf-8")
-ROOTFS_SOURCE = Path(__file__).with_name("rootfs.py").read_text(encoding="utf-8")
+"""A run's token, in its child's command line, is ``TOKEN_PREFIX<trainer pid>-<n>-<random>``."""
+STAGE_SOURCE = Path(__file__).with_name("stage.py").read_text(encoding="utf-8")
 GUARD_SOURCE = Path(__file__).with_name("guard.py").read_text(encoding="utf-8")
 
 CHILD_ENV = {
@@ -73,28 +63,54 @@ CHILD_ENV = {
     "MKL_NUM_THREADS": "1",
 }
 """The child's whole environment (plus ``HOME`` and ``TMPDIR``: its folder); nothing of the trainer's."""
+BWRAP_TASKS = 2
+"""Tasks of a run besides the interpreter's own: bubblewrap's monitor outside and its PID 1 inside."""
 
-HOOK_ONLY = "audit hook only"
-"""``isolation["filesystem"]`` where the kernel offers no file-system layer: only the audit hook guards files."""
-MOUNT_NAMESPACE = "mount namespace"
-
-_probe_cache: dict[tuple[str, bool, bool, bool], dict[str, Any]] = {}
+_probe_cache: dict[tuple[str, bool], dict[str, Any]] = {}
 _probe_lock = threading.Lock()
 
 
+class SandboxUnavailable(RuntimeError):
+    """The kernel boundary cannot be built here and weak isolation was not accepted."""
+
+
+@dataclass
+class _Run:
+    """One prepared run: what to start, and what to undo afterwards."""
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    token: str
+    fds: list[int] = field(default_factory=list)
+    cgroup: RunCgroup | None = None
+    host_dir: str | None = None
+    bwrap: bool = False
+
+    def release(self) -> None:
+        """Close its descriptors, remove its cgroup and its host folder (weak mode); never raises."""
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.host_dir is not None:
+            remove_tree(self.host_dir)
+
+
 class PythonSandbox:
-    """Runs Python code in a separate, limited, isolated process (docs/sandbox.md says what
-    that protects against, and what not).
+    """Runs Python code in a separate, limited, isolated process (docs/sandbox.md says what that protects
+    against, and what not).
 
     Args:
         limits: resource limits of each run.
         python: the interpreter to run the code with (its standard library is readable to the code).
         site_packages: let the code import the interpreter's ``site-packages`` (numpy, sympy, ...); they
             become readable. ``.pth`` files are not processed, so editable installs (this project) stay out.
-        drop_privileges: when the trainer runs as root, run the code as a per-run unprivileged uid.
-        isolate_filesystem: run the code in a minimal root of its own (mount and PID namespaces), where the
-            kernel allows it (root, or unprivileged user namespaces). False: do not try, so the audit hook
-            alone guards the file system (for machines where the namespaces misbehave, and for tests).
+        allow_weak_sandbox: run even where the boundary cannot be built (no bubblewrap, no user namespaces,
+            no cgroups, no libseccomp), with whatever of it this machine allows; ``isolation["missing"]``
+            says what is not there. False (the default): raise :class:`SandboxUnavailable` here, naming it.
 
     ``await sandbox.arun(code)`` never blocks the event loop; ``sandbox.run(code)`` blocks. Both return a
     :class:`SandboxResult` and never raise for problems of the code.
@@ -106,19 +122,26 @@ class PythonSandbox:
         python: str = sys.executable,
         *,
         site_packages: bool = False,
-        drop_privileges: bool = True,
-        isolate_filesystem: bool = True,
+        allow_weak_sandbox: bool = False,
     ) -> None:
         if not isinstance(limits, SandboxLimits):
             raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
         if not python:
             raise ValueError("PythonSandbox needs a Python interpreter (sys.executable is empty)")
+        if not os.access(python, os.X_OK):
+            raise ValueError(f"PythonSandbox: python={python!r} is not an executable file")
         self.limits = limits
         self.python = python
         self.site_packages = site_packages
-        self.drop_privileges = drop_privileges
-        self.isolate_filesystem = isolate_filesystem
+        self.allow_weak_sandbox = allow_weak_sandbox
         self._guard = True  # tests switch the audit hook off to check the kernel-enforced layers alone
+        missing = self.isolation["missing"]
+        if missing and not allow_weak_sandbox:
+            raise SandboxUnavailable(
+                "PythonSandbox: the kernel boundary cannot be built on this machine: " + "; ".join(missing) + ". "
+                "Install what is named (docs/sandbox.md: what the machine needs), pass allow_weak_sandbox=True "
+                "(agent YAML: allow_weak_sandbox: true) to run with what there is, or use a remote code runner."
+            )
 
     def __repr__(self) -> str:
         return f"PythonSandbox(limits={self.limits!r}, python={self.python!r}, site_packages={self.site_packages})"
@@ -127,138 +150,141 @@ class PythonSandbox:
 
     @property
     def isolation(self) -> dict[str, Any]:
-        """What this machine allows, found once per interpreter by a probe run: ``filesystem`` (``"mount
-        namespace"``: the code sees only its own minimal root; ``"audit hook only"``: no kernel-enforced
-        file-system boundary), ``netns`` (network namespace), ``dropped`` (root: runs as an unprivileged uid),
-        ``keep_read`` (that uid keeps CAP_DAC_READ_SEARCH because the Python installation isn't readable by
-        others), ``uid``."""
-        want_drop = self.drop_privileges and os.geteuid() == 0
-        key = (self.python, self.site_packages, want_drop, self.isolate_filesystem)
+        """What this machine allows, found once per interpreter: ``boundary`` (``"bubblewrap"`` or None),
+        ``seccomp`` (bool), ``cgroup`` (``"v1"``, ``"v2"`` or None), ``uid_drop`` (as root: each run has
+        a uid of its own), ``missing`` (what keeps the boundary from being whole, each with its fix)."""
+        key = (self.python, self.site_packages)
         with _probe_lock:
             if key not in _probe_cache:
-                _probe_cache[key] = self._best_probe(want_drop)
+                _probe_cache[key] = self._probe_machine()
             return dict(_probe_cache[key])
 
-    def _best_probe(self, want_drop: bool) -> dict[str, Any]:
-        """The first setup that starts here, strongest first."""
-        setups = [(want_drop, True), (want_drop, False), (False, True), (False, False)]
-        for fs in (True, False) if self.isolate_filesystem else (False,):
-            for drop, netns in dict.fromkeys(setups):
-                report = self._probe(drop=drop, netns=netns, fs=fs)
-                if report is not None:
-                    fs_ok = report.pop("fs", False)
-                    return {**report, "filesystem": MOUNT_NAMESPACE if fs_ok else HOOK_ONLY}
-        return {"filesystem": HOOK_ONLY, "netns": False, "dropped": False, "keep_read": False, "uid": None}
-
     @property
-    def network_isolated(self) -> bool:
-        """True when runs get their own network namespace (kernel-enforced: no network at all). Either way
-        the audit hook refuses sockets, which determined code could bypass (see docs/sandbox.md)."""
-        return bool(self.isolation["netns"])
+    def strong(self) -> bool:
+        """True when every run gets the whole boundary (nothing is ``missing``)."""
+        return not self.isolation["missing"]
 
-    @property
-    def filesystem_isolated(self) -> bool:
-        """True when runs see only their own minimal root (kernel-enforced); False: the audit hook alone
-        keeps the code from the machine's files, which determined code can get past (see docs/sandbox.md). Code
-        running as root (no privilege drop) keeps the capabilities to mount its way out: False then too."""
-        iso = self.isolation
-        return iso["filesystem"] == MOUNT_NAMESPACE and (bool(iso["dropped"]) or os.geteuid() != 0)
+    def _probe_machine(self) -> dict[str, Any]:
+        missing: list[str] = []
+        seccomp_reason, cgroup_reason = seccomp_missing(), cgroup_missing()
+        missing += [reason for reason in (seccomp_reason, cgroup_reason) if reason]
+        report: dict[str, Any] = {
+            "boundary": None,
+            "seccomp": seccomp_reason is None,
+            "cgroup": None if cgroup_reason else cgroup_version(),
+            "uid_drop": os.geteuid() == 0 and uid_base() is not None,
+        }
+        if os.geteuid() == 0 and uid_base() is None:
+            missing.append("no range of unused uids to run the code as (the uid map is too small)")
+        reason = boundary_missing() or self._probe_run(report)
+        if reason:
+            missing.append(reason)
+        else:
+            report["boundary"] = "bubblewrap"
+        return {**report, "missing": missing}
 
-    @property
-    def privileges_dropped(self) -> bool:
-        """True when (as root) the code runs as an unprivileged uid: kernel-enforced NPROC, kill, write limits."""
-        return bool(self.isolation["dropped"])
-
-    def _probe(self, drop: bool, netns: bool, fs: bool) -> dict[str, Any] | None:
-        """Start a child that only reports what it got; None when that setup can't start here."""
-        tmp, argv, env, token = self._prepare("", drop=drop, netns=netns, fs=fs, probe=True)
+    def _probe_run(self, report: dict[str, Any]) -> str | None:
+        """Start one run through bubblewrap that only reports itself; why it failed, or None."""
+        try:
+            run = self._prepare("", {**report, "boundary": "bubblewrap"}, probe=True)
+        except Exception as exc:
+            return f"bubblewrap could not be prepared here ({type(exc).__name__}: {exc})"
         try:
             done = subprocess.run(
-                argv,
-                cwd=tmp,
-                env=env,
+                run.argv,
+                cwd=run.cwd,
+                env=run.env,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
-                timeout=30,
+                timeout=60,
                 start_new_session=True,
-                close_fds=True,
+                pass_fds=run.fds,
             )
-            if done.returncode != 0:
-                return None
-            report: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
-            return report
-        except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-            return None
+            answer = json.loads(done.stdout.decode().strip().splitlines()[-1]) if done.returncode == 0 else None
+            if answer is None or answer.get("cwd") != RUN_DIR:
+                stderr = done.stderr.decode(errors="replace").strip()[-600:]
+                return f"bubblewrap could not start a run here (exit {done.returncode}: {stderr or 'no message'})"
+        except (OSError, ValueError, IndexError, subprocess.SubprocessError) as exc:
+            return f"bubblewrap could not start a run here ({type(exc).__name__}: {exc})"
         finally:
-            kill_by_token(token)
-            remove_tree(tmp)
+            run.release()
+        return None
 
     # ---------------------------------------------------------------------------------------- preparing
 
-    def _run_uid(self, drop: bool) -> int | None:
-        """The run's own unprivileged uid (root only, when dropping privileges and a uid block is mapped)."""
-        if not (drop and os.geteuid() == 0):
-            return None
-        base = uid_base()
+    def _run_uid(self, report: dict[str, Any]) -> int | None:
+        """The run's own unprivileged uid (root with a usable uid range), else None."""
+        base = uid_base() if report["uid_drop"] else None
         return None if base is None else base + next_run_number() % UID_SPAN
 
-    def _task_limit(self, uid: int | None, fs: bool) -> int | None:
-        """``RLIMIT_NPROC`` for the run: the kernel counts every task of the uid, and ignores it for root."""
-        if uid is not None:
-            return 1 + self.limits.max_processes
-        if os.geteuid() == 0:
+    def _task_limit(self, uid: int | None, bwrap: bool) -> int | None:
+        """``RLIMIT_NPROC``, which counts every task of the uid: only meaningful for a uid of the run's own."""
+        if uid is None:
             return None
-        if self.limits.max_processes == 0:
-            return 1  # counts every task of the user, so the child can't create any
-        # With the file-system layer, the run's outer process and its PID 1 are the user's tasks too.
-        return user_task_count(os.getuid()) + self.limits.max_processes + (2 if fs else 0)
+        return 1 + self.limits.max_processes + (BWRAP_TASKS if bwrap else 0)
 
-    @staticmethod
-    def _make_run_dir(code: str, uid: int | None) -> str:
-        """A fresh folder holding ``main.py``, owned by the run's uid when there is one."""
-        tmp = os.path.realpath(tempfile.mkdtemp(prefix="lit-agentrl-sandbox-"))
-        try:
-            path = os.path.join(tmp, "main.py")
-            with open(path, "w", encoding="utf-8", errors="surrogatepass") as f:
-                f.write(code)
-            if uid is not None:
-                os.chown(tmp, uid, uid)
-                os.chown(path, uid, uid)
-        except BaseException:
-            remove_tree(tmp)
-            raise
-        return tmp
-
-    def _prepare(
-        self, code: str, drop: bool, netns: bool, fs: bool, probe: bool = False
-    ) -> tuple[str, list[str], dict[str, str], str]:
-        """The run's directory (with main.py), argv, environment and command-line token."""
+    def _prepare(self, code: str, report: dict[str, Any], probe: bool = False) -> _Run:
+        """Everything a run needs, made; on failure, what was made is undone."""
         limits = self.limits
-        uid = self._run_uid(drop)
-        nproc = self._task_limit(uid, fs)
-        tmp = self._make_run_dir(code, uid)
+        bwrap = report["boundary"] == "bubblewrap"
+        uid = self._run_uid(report)
         token = f"{TOKEN_PREFIX}{os.getpid()}-{next_run_number()}-{random.getrandbits(48):012x}"
-        cfg = {
-            "token": token,
-            "dir": tmp,
-            "cpu": max(1, math.ceil(limits.cpu_seconds)),
-            "memory": int(limits.memory_mb) * 2**20,
-            "fsize": int(limits.file_size_mb) * 2**20,
-            "nproc": nproc,
-            "uid": uid,
-            "netns": netns,
-            "fs": fs,
-            "site": self.site_packages,
-            "allow_fork": limits.max_processes > 0,
-            "guard": self._guard,
-            "probe": probe,
-            "ppid": os.getpid(),
-            "launch": LAUNCH,
-        }
-        stages = [STAGE1_SOURCE, json.dumps(cfg), ROOTFS_SOURCE, STAGE2_SOURCE, GUARD_SOURCE]
-        argv = [self.python, "-I", "-S", "-B", "-c", LAUNCH, *stages]
-        env = dict(CHILD_ENV, HOME=tmp, TMPDIR=tmp)
-        return tmp, argv, env, token
+        run = _Run(argv=[], cwd="/", env={}, token=token, bwrap=bwrap)
+        try:
+            if report["cgroup"]:
+                tasks = 1 + limits.max_processes + BWRAP_TASKS + 1  # + the launcher while it starts bwrap
+                run.cgroup = RunCgroup.create(memory_bytes=int(limits.memory_mb) * 2**20, tasks=tasks)
+            folder = RUN_DIR if bwrap else self._host_folder(code, uid, run)
+            filters = [exec_filter()] if bwrap else [boundary_filter(), exec_filter()] if report["seccomp"] else []
+            cfg = {
+                "token": token,
+                "dir": folder,
+                "cpu": max(1, math.ceil(limits.cpu_seconds)),
+                "memory": int(limits.memory_mb) * 2**20,
+                "fsize": int(limits.file_size_mb) * 2**20,
+                "nproc": self._task_limit(uid, bwrap),
+                "site": self.site_packages,
+                "allow_fork": limits.max_processes > 0,
+                "guard": self._guard,
+                "probe": probe,
+                "filters": [program.hex() for program in filters],
+            }
+            command = [self.python, "-I", "-S", "-B", "-c", LAUNCH, STAGE_SOURCE, json.dumps(cfg), GUARD_SOURCE]
+            env = dict(CHILD_ENV, HOME=folder, TMPDIR=folder)
+            if bwrap:
+                run.argv = self._bwrap_argv(command, code, uid, env, run)
+                run.env = {"PATH": CHILD_ENV["PATH"]}  # the launcher's own; bwrap clears it for the code
+            else:
+                run.argv, run.env, run.cwd = _joined(run.cgroup, _as_user(uid, command)), env, folder
+        except BaseException:
+            run.release()
+            raise
+        return run
+
+    def _bwrap_argv(self, command: list[str], code: str, uid: int | None, env: dict[str, str], run: _Run) -> list[str]:
+        run.fds += [_memfd("main.py", code.encode("utf-8", "surrogatepass")), _memfd("seccomp", boundary_filter())]
+        boundary = Boundary(
+            mounts=interpreter_layout(self.python, self.site_packages),
+            uid=uid,
+            scratch_bytes=int(self.limits.file_size_mb) * 2**20 * 4,
+            cgroup_procs=tuple(run.cgroup.procs_files) if run.cgroup else (),
+            env=env,
+            code_fd=run.fds[0],
+            seccomp_fd=run.fds[1],
+        )
+        return boundary.argv([*command, run.token])
+
+    def _host_folder(self, code: str, uid: int | None, run: _Run) -> str:
+        """Weak mode's run folder on the host (no tmpfs of its own), owned by the run's uid."""
+        folder = os.path.realpath(tempfile.mkdtemp(prefix="lit-agentrl-sandbox-"))
+        run.host_dir = folder
+        path = os.path.join(folder, "main.py")
+        with open(path, "w", encoding="utf-8", errors="surrogatepass") as f:
+            f.write(code)
+        if uid is not None:
+            os.chown(folder, uid, uid)
+            os.chown(path, uid, uid)
+        return folder
 
     # ---------------------------------------------------------------------------------------- running
 
@@ -276,65 +302,116 @@ class PythonSandbox:
         if not isinstance(code, str):
             return failure(f"TypeError: the code must be a string, got {type(code).__name__}")
         try:
-            iso = await asyncio.to_thread(lambda: self.isolation)
-            fs = iso["filesystem"] == MOUNT_NAMESPACE
-            tmp, argv, env, token = await asyncio.to_thread(self._prepare, code, iso["dropped"], iso["netns"], fs)
+            report = await asyncio.to_thread(lambda: self.isolation)
+            run = await asyncio.to_thread(self._prepare, code, report)
         except Exception as exc:  # the machine, not the code: still an answer, not an exception
             return failure(f"SandboxError: could not prepare the run: {type(exc).__name__}: {exc}")
-        result = await self._launch(argv, tmp, env, token)
-        await asyncio.to_thread(remove_tree, tmp)
-        return result
+        try:
+            return await self._launch(run)
+        finally:
+            await asyncio.shield(asyncio.to_thread(run.release))
 
-    async def _launch(self, argv: list[str], tmp: str, env: dict[str, str], token: str) -> SandboxResult:
-        """Start the child, keep its output, kill it at the wall-clock limit (or when cancelled: then its
-        folder is removed here and the cancellation goes on)."""
+    async def _launch(self, run: _Run) -> SandboxResult:
+        """Start the child, keep its output, kill it at the wall-clock limit, on an output flood, or when
+        cancelled (then the cancellation goes on)."""
         limits = self.limits
         out, err = OutputCapture(limits.output_bytes), OutputCapture(limits.output_bytes, tail=True)
+        flood = asyncio.Event()
         proc: asyncio.subprocess.Process | None = None
         pumps: asyncio.Future[Any] | None = None
         timed_out = False
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=tmp,
-                env=env,
+                *run.argv,
+                cwd=run.cwd,
+                env=run.env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
-                close_fds=True,
+                pass_fds=run.fds,
             )
-            pumps = asyncio.gather(_pump(proc.stdout, out), _pump(proc.stderr, err))
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=limits.wall_seconds)
-            except TimeoutError:
-                timed_out = True
-                kill_group(proc.pid)
+            for fd in run.fds:  # the child has its copies
+                os.close(fd)
+            run.fds.clear()
+            cap = FLOOD_FACTOR * limits.output_bytes
+            pumps = asyncio.gather(_pump(proc.stdout, out, err, cap, flood), _pump(proc.stderr, err, out, cap, flood))
+            ended = asyncio.ensure_future(proc.wait())
+            flooded = asyncio.ensure_future(flood.wait())
+            done, _ = await asyncio.wait({ended, flooded}, timeout=limits.wall_seconds, return_when="FIRST_COMPLETED")
+            flooded.cancel()
+            if ended not in done:
+                timed_out = not flood.is_set()
+                self._kill(proc.pid, run)
                 await proc.wait()
-            if limits.max_processes > 0:  # children may outlive the run, in its group or not
-                kill_group(proc.pid)
-                kill_by_token(token)
+            self._kill(proc.pid, run)  # whatever the code left running
             try:
                 await asyncio.wait_for(pumps, timeout=2.0)
             except TimeoutError:  # a leftover still holds the pipes
                 _discard(pumps)
-            return result_from_exit(proc.returncode, timed_out, out, err, limits)
+            oom = run.cgroup is not None and run.cgroup.out_of_memory()
+            code = _exit_status(proc.returncode, run.bwrap)
+            return result_from_exit(code, timed_out, out, err, limits, flooded=flood.is_set(), out_of_memory=oom)
         except asyncio.CancelledError:
-            if proc is not None and proc.returncode is None:
-                kill_group(proc.pid)
+            if proc is not None:
+                self._kill(proc.pid, run)
             if pumps is not None:
                 _discard(pumps)
-            kill_by_token(token)
-            remove_tree(tmp)
             raise
         except Exception as exc:
-            if proc is not None and proc.returncode is None:
-                kill_group(proc.pid)
+            if proc is not None:
+                self._kill(proc.pid, run)
             if pumps is not None:
                 _discard(pumps)
             return failure(f"SandboxError: {type(exc).__name__}: {exc}")
         finally:
             _close_transport(proc)
+
+    @staticmethod
+    def _kill(pid: int, run: _Run) -> None:
+        """Everything of the run: its cgroup, its process group (bubblewrap's children die with it), and in weak
+        mode whatever carries its token."""
+        if run.cgroup is not None:
+            run.cgroup.kill()
+        kill_group(pid)
+        if not run.bwrap:
+            kill_by_token(run.token)
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """An anonymous in-memory file holding ``data``, read from its start by the child (never on disk)."""
+    fd = os.memfd_create(f"lit-agentrl-{name}", 0)  # no MFD_CLOEXEC: passed on with pass_fds
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _as_user(uid: int | None, command: list[str]) -> list[str]:
+    """Weak mode as root: the code as the run's uid, no groups, no capabilities (util-linux's setpriv)."""
+    if uid is None:
+        return command
+    return ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--inh-caps=-all", "--", *command]
+
+
+def _joined(cgroup: RunCgroup | None, command: list[str]) -> list[str]:
+    """``command`` started inside the run's cgroup (the shell joins it, then becomes the command)."""
+    if cgroup is None:
+        return command
+    joins = "".join(f"echo $$ > {shlex.quote(path)}; " for path in cgroup.procs_files)
+    return ["sh", "-c", f'set -e; {joins}exec "$@"', "sh", *command]
+
+
+def _exit_status(code: int | None, bwrap: bool) -> int | None:
+    """bubblewrap reports a child killed by signal N as 128 + N: report it as killed, as without bubblewrap."""
+    if bwrap and code is not None and 128 < code < 128 + 65:
+        return -(code - 128)
+    return code
 
 
 def _discard(future: asyncio.Future[Any]) -> None:
@@ -351,11 +428,16 @@ def _close_transport(proc: asyncio.subprocess.Process | None) -> None:
             transport.close()
 
 
-async def _pump(stream: asyncio.StreamReader | None, capture: OutputCapture) -> None:
+async def _pump(
+    stream: asyncio.StreamReader | None, capture: OutputCapture, other: OutputCapture, cap: int, flood: asyncio.Event
+) -> None:
+    """Read ``stream`` in bounded chunks into ``capture``; set ``flood`` once both streams dropped ``cap`` bytes."""
     if stream is None:
         return
-    while True:
+    while not flood.is_set():
         chunk = await stream.read(65536)
         if not chunk:
             return
         capture.add(chunk)
+        if capture.dropped + other.dropped > cap:
+            flood.set()

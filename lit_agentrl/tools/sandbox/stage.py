@@ -1,10 +1,14 @@
-"""Stage 2 of a sandboxed run: install the audit hook (the guard), then run the model's code.
+"""The child's side of a sandboxed run: its limits, its last system-call filter, the audit hook, the code.
 
-Like stage 1 (see its docstring), the child does not import this module: stage 1 (as the run's PID 2, in its
-own root, when the file-system layer is there) ``exec``s
-``python -I -S -B -c LAUNCH <this file's text> CONFIG <the guard's text>``, which runs it as ``__main__``,
-calling :func:`main`. Hence: the standard library only, ASCII only, nothing done at import but definitions
-(the parent imports it for its constants, and for tests).
+The child does not import this module: it runs ``python -I -S -B -c LAUNCH <this file's text> CONFIG <the
+guard's text>`` (inside bubblewrap, see :mod:`.boundary`), where LAUNCH compiles ``sys.argv[1]`` under the
+sandbox's marker file name and runs it as ``__main__``, which calls :func:`main`. Hence: the standard library
+only, ASCII only (it travels in argv), and nothing done at import but definitions (the parent imports it for
+its constants, and for tests).
+
+Before any model code exists, :func:`main` sets the resource limits, loads the seccomp filters it was given
+(always the one that forbids starting programs; without bubblewrap also the main one), installs the audit
+hook (the second layer, unless switched off) and then runs the code from ``main.py``.
 """
 
 # ruff: noqa: SIM105  (no contextlib.suppress: it would be one more import in every run)
@@ -23,6 +27,54 @@ if TYPE_CHECKING:
 
 MARKER = "<lit-agentrl-sandbox>"
 """The file name of the sandbox's own code in the child (hidden from tracebacks; found in its cmdline)."""
+SETUP_EXIT = 113
+"""Exit status of a setup failure; stderr then starts with ``SETUP_PREFIX`` and says what failed."""
+SETUP_PREFIX = "lit-agentrl-sandbox setup: "
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+
+
+def fail(message: str) -> NoReturn:
+    """End the child with a setup failure, which the parent reports as ``SandboxError: message``."""
+    os.write(2, (SETUP_PREFIX + message + "\n").encode("utf-8", "replace"))
+    os._exit(SETUP_EXIT)
+
+
+def set_limits(cfg: dict[str, Any]) -> None:
+    """CPU seconds (SIGKILL one second after SIGXCPU), address space, file size, tasks, no core, 256 files."""
+    import resource
+
+    limits = [("RLIMIT_CPU", cfg["cpu"], cfg["cpu"] + 1), ("RLIMIT_AS", cfg["memory"], cfg["memory"])]
+    limits += [("RLIMIT_FSIZE", cfg["fsize"], cfg["fsize"]), ("RLIMIT_CORE", 0, 0), ("RLIMIT_NOFILE", 256, 256)]
+    if cfg["nproc"] is not None:
+        limits.append(("RLIMIT_NPROC", cfg["nproc"], cfg["nproc"]))
+    for name, soft, hard in limits:
+        try:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        except (ValueError, OSError) as exc:
+            fail(f"could not set {name}: {exc}")
+
+
+def load_filters(programs: list[str]) -> None:
+    """``no_new_privs``, then each seccomp filter (BPF, as hex, compiled by the parent with libseccomp)."""
+    if not programs:
+        return
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ulong = ctypes.c_ulong
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, ulong(1), ulong(0), ulong(0), ulong(0)) != 0:
+        fail(f"could not set no_new_privs: {os.strerror(ctypes.get_errno())}")
+    for text in programs:
+        program = bytes.fromhex(text)
+        buffer = ctypes.create_string_buffer(program, len(program))
+        fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+        if libc.prctl(PR_SET_SECCOMP, ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), ulong(0), ulong(0)) != 0:
+            fail(f"could not load a seccomp filter: {os.strerror(ctypes.get_errno())}")
+    for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[name]  # so the code's own import of ctypes is seen (and refused) by the audit hook
 
 
 def load_guard(source: str) -> Callable[[str, tuple[str, ...], bool, bool], None]:
@@ -115,9 +167,11 @@ def run_code(source: str, traceback: ModuleType) -> int:
 
 
 def main() -> int:
-    """``sys.argv[1:]`` is this text, the run's JSON config (stage 1's, with what it achieved), the guard's text."""
+    """``sys.argv[1:]`` is this text, the run's JSON config, the guard's text."""
     cfg, guard_source = json.loads(sys.argv[2]), sys.argv[3]
     sys.argv[:] = ["main.py"]
+    set_limits(cfg)
+    load_filters(cfg["filters"])
     reconfigure_streams()
     work = os.path.realpath(cfg["dir"])
     roots = library_roots(cfg["site"])
@@ -130,13 +184,7 @@ def main() -> int:
     if cfg["guard"]:
         load_guard(guard_source)(work, roots, cfg["allow_fork"], cfg["site"])
     if cfg["probe"]:
-        report = {
-            "netns": cfg["netns_ok"],
-            "fs": cfg["fs_ok"],
-            "dropped": cfg["dropped"],
-            "keep_read": cfg["keep_read"],
-        }
-        print(json.dumps({**report, "uid": os.getuid(), "guard": cfg["guard"]}))
+        print(json.dumps({"uid": os.getuid(), "guard": cfg["guard"], "cwd": os.getcwd()}))
         return 0
     return run_code(source, traceback)
 
