@@ -887,16 +887,23 @@ def test_the_boundary_does_not_depend_on_the_parents_umask(canaries, host_object
 
 
 def test_an_interpreter_under_tmp_gets_the_whole_boundary(tmp_path, canaries, host_objects):
-    """The run's private /tmp must not hide an interpreter that lives under the machine's /tmp."""
+    """The run's private /tmp must not hide an interpreter that lives under the machine's /tmp; a venv's own
+    site-packages are shown with ``site_packages=True`` and hidden without."""
     venv = Path(tempfile.mkdtemp(prefix="lit-agentrl-venv-", dir="/tmp"))
     try:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
         os.chmod(venv, 0o755)
+        site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+        (site / "venv_marker.py").write_text("WHERE = 'venv'\n")
+        with_site = PythonSandbox(LIMITS, python=str(venv / "bin" / "python"), site_packages=True)
+        assert with_site.run("import venv_marker\nprint(venv_marker.WHERE)").stdout == "venv\n"
         sandbox = PythonSandbox(LIMITS, python=str(venv / "bin" / "python"))
+        hidden = f"import os\nprint(os.listdir({str(site)!r}))"
         assert sandbox.strong and sandbox.run("import sys\nprint(sys.executable)").stdout.strip() == str(
             venv / "bin" / "python"
         )
         sandbox._guard = False
+        assert sandbox.run(hidden).stdout == "[]\n"  # its site-packages: an empty tmpfs without site_packages
         check(sandbox, "plain_reads", canaries, host_objects)
     finally:
         shutil.rmtree(venv, ignore_errors=True)

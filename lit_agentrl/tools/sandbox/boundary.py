@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["RUN_DIR", "TOOLS", "Boundary", "RunMounts", "boundary_missing", "interpreter_layout"]
 
@@ -44,14 +45,16 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 
 _LAYOUT = """
-import json, os, sys, sysconfig
-paths = sysconfig.get_paths()
+import json, os, sys
+stage = {"__name__": "lit_agentrl_sandbox_stage"}
+exec(sys.argv[1], stage)
 here = os.path.dirname(os.path.abspath(sys.executable))  # a venv's bin (its python links to the base one)
 venv = [os.path.dirname(here)] if os.path.isfile(os.path.join(os.path.dirname(here), "pyvenv.cfg")) else []
 print(json.dumps({"prefixes": sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}),
                   "executable": [os.path.realpath(sys.executable), here, *venv],
                   "path": [os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)],
-                  "site": sorted({os.path.realpath(paths[k]) for k in ("purelib", "platlib") if os.path.isdir(paths[k])})}))
+                  "site": sorted({os.path.realpath(p) for p in stage["site_dirs"]()}),
+                  "every_site": sorted({os.path.realpath(p) for p in stage["site_dirs"](every=True)})}))
 """
 
 
@@ -81,7 +84,10 @@ def _covered(path: str, tops: list[str]) -> bool:
 @functools.cache
 def interpreter_layout(python: str, site: bool) -> RunMounts:
     """The directories ``python`` runs from, found by asking it (a venv's and its base installation's)."""
-    done = subprocess.run([python, "-I", "-S", "-c", _LAYOUT], capture_output=True, text=True, timeout=60, check=True)
+    stage = Path(__file__).with_name("stage.py").read_text(encoding="utf-8")  # site_dirs, as the child finds them
+    done = subprocess.run(
+        [python, "-I", "-S", "-c", _LAYOUT, stage], capture_output=True, text=True, timeout=60, check=True
+    )
     layout = json.loads(done.stdout)
     executable, *venv = layout["executable"]
     wanted = [*layout["prefixes"], os.path.dirname(executable), *venv, *layout["path"]]
@@ -89,7 +95,8 @@ def interpreter_layout(python: str, site: bool) -> RunMounts:
     for path in sorted(set(wanted), key=len):
         if path != "/" and not _covered(path, [*SYSTEM_DIRS, *binds]):
             binds.append(path)
-    hidden = () if site else tuple(p for p in layout["site"] if _covered(p, [*SYSTEM_DIRS, *binds]))
+    shown = set(layout["site"]) if site else set()
+    hidden = tuple(p for p in layout["every_site"] if p not in shown and _covered(p, [*SYSTEM_DIRS, *binds]))
     return RunMounts(tuple(binds), hidden)
 
 

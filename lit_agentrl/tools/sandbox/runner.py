@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lit_agentrl.tools.sandbox.boundary import RUN_DIR, Boundary, boundary_missing, interpreter_layout
+from lit_agentrl.tools.sandbox.boundary import RUN_DIR, Boundary, boundary_missing, interpreter_layout, reachable_by
 from lit_agentrl.tools.sandbox.cgroups import RunCgroup, cgroup_missing, cgroup_version
 from lit_agentrl.tools.sandbox.limits import SandboxLimits
 from lit_agentrl.tools.sandbox.processes import (
@@ -181,7 +181,15 @@ class PythonSandbox:
             missing.append(reason)
         else:
             report["boundary"] = "bubblewrap"
+        if report["uid_drop"] and reason and not self._reachable_by_others():
+            report["uid_drop"] = False  # weak mode: a plain child as another uid could not start this interpreter
+            missing.append(f"{self.python}'s folders are not readable by other users, so weak runs stay root")
         return {**report, "missing": missing}
+
+    def _reachable_by_others(self) -> bool:
+        mounts = interpreter_layout(self.python, self.site_packages)
+        base = uid_base()
+        return base is not None and all(reachable_by(base, path) for path in mounts.binds)
 
     def _probe_run(self, report: dict[str, Any]) -> str | None:
         """Start one run through bubblewrap that only reports itself; why it failed, or None."""

@@ -101,15 +101,30 @@ def library_roots(site: bool) -> tuple[str, ...]:
     installs, such as the project's, stay out)."""
     roots = [os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)]
     if site:
-        import sysconfig
-
-        for key in ("purelib", "platlib"):
-            path = sysconfig.get_paths().get(key)
-            if path and os.path.isdir(path):
-                if path not in sys.path:
-                    sys.path.append(path)
-                roots.append(os.path.realpath(path))
+        for path in site_dirs():
+            if path not in sys.path:
+                sys.path.append(path)
+            roots.append(os.path.realpath(path))
     return tuple(sorted({r for r in roots if r != "/"}))
+
+
+def site_dirs(every: bool = False) -> list[str]:
+    """The site-packages folders ``site`` would add (``-S`` skips it, and with it a venv's own): a venv's, plus
+    the base installation's where its ``pyvenv.cfg`` includes them; else the installation's. ``every``: the
+    base installation's too, whatever ``pyvenv.cfg`` says (the parent hides them all without ``site``)."""
+    import sysconfig
+
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+    prefixes = [sys.prefix]
+    if os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+        with open(os.path.join(venv, "pyvenv.cfg")) as f:
+            shared = "include-system-site-packages=true" in f.read().replace(" ", "").lower()
+        prefixes = [venv, sys.prefix] if shared or every else [venv]
+    found = []
+    for prefix in prefixes:
+        paths = sysconfig.get_paths(vars={"base": prefix, "platbase": prefix})
+        found += [paths[key] for key in ("purelib", "platlib") if os.path.isdir(paths[key])]
+    return list(dict.fromkeys(found))
 
 
 def disarm_unaudited_calls() -> None:
