@@ -63,6 +63,8 @@ CHILD_ENV = {
     "MKL_NUM_THREADS": "1",
 }
 """The child's whole environment (plus ``HOME`` and ``TMPDIR``: its folder); nothing of the trainer's."""
+KILL_GRACE_SECONDS = 30.0
+"""How long the parent waits for a killed run to be reaped (and its pipes to close) before giving up on it."""
 BWRAP_TASKS = 2
 """Tasks of a run besides the interpreter's own: bubblewrap's monitor outside and its PID 1 inside."""
 
@@ -326,54 +328,50 @@ class PythonSandbox:
         out, err = OutputCapture(limits.output_bytes), OutputCapture(limits.output_bytes, tail=True)
         flood = asyncio.Event()
         proc: asyncio.subprocess.Process | None = None
-        pumps: asyncio.Future[Any] | None = None
-        timed_out = False
+        waiting: list[asyncio.Future[Any]] = []
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *run.argv,
-                cwd=run.cwd,
-                env=run.env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=run.fds,
-            )
-            for fd in run.fds:  # the child has its copies
-                os.close(fd)
-            run.fds.clear()
+            proc = await self._start(run)
             cap = FLOOD_FACTOR * limits.output_bytes
             pumps = asyncio.gather(_pump(proc.stdout, out, err, cap, flood), _pump(proc.stderr, err, out, cap, flood))
-            ended = asyncio.ensure_future(proc.wait())
-            flooded = asyncio.ensure_future(flood.wait())
+            ended, flooded = asyncio.ensure_future(proc.wait()), asyncio.ensure_future(flood.wait())
+            waiting += [pumps, ended, flooded]
             done, _ = await asyncio.wait({ended, flooded}, timeout=limits.wall_seconds, return_when="FIRST_COMPLETED")
-            flooded.cancel()
-            if ended not in done:
-                timed_out = not flood.is_set()
-                self._kill(proc.pid, run)
-                await proc.wait()
-            self._kill(proc.pid, run)  # whatever the code left running
+            timed_out = ended not in done and not flood.is_set()
+            self._kill(proc.pid, run)  # all of it, or whatever the code left running
             try:
-                await asyncio.wait_for(pumps, timeout=2.0)
-            except TimeoutError:  # a leftover still holds the pipes
-                _discard(pumps)
+                await asyncio.wait_for(ended, timeout=KILL_GRACE_SECONDS)
+            except TimeoutError:  # never expected: a parent that waits forever is worse than a lost answer
+                return failure(f"SandboxError: the run did not end {KILL_GRACE_SECONDS:g} s after it was killed")
+            with contextlib.suppress(TimeoutError):  # a leftover still holding the pipes: its output is lost
+                await asyncio.wait_for(asyncio.shield(pumps), timeout=2.0)
             oom = run.cgroup is not None and run.cgroup.out_of_memory()
             code = _exit_status(proc.returncode, run.bwrap)
             return result_from_exit(code, timed_out, out, err, limits, flooded=flood.is_set(), out_of_memory=oom)
-        except asyncio.CancelledError:
-            if proc is not None:
-                self._kill(proc.pid, run)
-            if pumps is not None:
-                _discard(pumps)
-            raise
         except Exception as exc:
-            if proc is not None:
-                self._kill(proc.pid, run)
-            if pumps is not None:
-                _discard(pumps)
             return failure(f"SandboxError: {type(exc).__name__}: {exc}")
-        finally:
+        finally:  # also when cancelled: the run is killed, and the cancellation goes on
+            if proc is not None and proc.returncode is None:
+                self._kill(proc.pid, run)
+            for future in waiting:
+                _discard(future)
             _close_transport(proc)
+
+    @staticmethod
+    async def _start(run: _Run) -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            *run.argv,
+            cwd=run.cwd,
+            env=run.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=run.fds,
+        )
+        for fd in run.fds:  # the child has its copies
+            os.close(fd)
+        run.fds.clear()
+        return proc
 
     @staticmethod
     def _kill(pid: int, run: _Run) -> None:
@@ -423,7 +421,10 @@ def _exit_status(code: int | None, bwrap: bool) -> int | None:
 
 
 def _discard(future: asyncio.Future[Any]) -> None:
-    """Cancel the pipe readers without leaving an unretrieved exception behind."""
+    """Cancel a pending reader or waiter without leaving an unretrieved exception behind."""
+    if future.done():
+        future.cancelled() or future.exception()  # retrieved, so asyncio does not log it
+        return
     future.cancel()
     future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
@@ -439,10 +440,11 @@ def _close_transport(proc: asyncio.subprocess.Process | None) -> None:
 async def _pump(
     stream: asyncio.StreamReader | None, capture: OutputCapture, other: OutputCapture, cap: int, flood: asyncio.Event
 ) -> None:
-    """Read ``stream`` in bounded chunks into ``capture``; set ``flood`` once both streams dropped ``cap`` bytes."""
+    """Read ``stream`` in bounded chunks into ``capture``; set ``flood`` once both streams dropped ``cap`` bytes.
+    It reads on to the end, which comes as soon as the run is killed: asyncio's ``wait()`` waits for the pipes."""
     if stream is None:
         return
-    while not flood.is_set():
+    while True:
         chunk = await stream.read(65536)
         if not chunk:
             return
