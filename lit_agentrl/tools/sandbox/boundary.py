@@ -12,9 +12,10 @@ own that vanishes with the run:
 4. (as root) ``setpriv`` drops to the run's own uid, with no groups and no capabilities, and ``exec``\\ s
    ``bwrap``, which makes a new user, PID, network, IPC, UTS and cgroup namespace, a new session, dies with
    its parent, disables further user namespaces, loads the system-call filter (:mod:`.syscalls`) and starts
-   the interpreter in a root holding only: read-only ``/usr`` (and the ``/lib``, ``/bin`` links), the
-   interpreter's directories (site-packages hidden unless asked for), ``/etc/ld.so.cache``, its own ``/proc``
-   and a minimal ``/dev``, and the writable tmpfs places. The rest of the root is read-only.
+   the interpreter in a root holding only: the system's shared libraries (``/usr/lib*``, ``/lib*``) and time
+   zones, read-only, the interpreter's directories (site-packages hidden unless asked for),
+   ``/etc/ld.so.cache``, its own ``/proc`` and a minimal ``/dev``, and the writable tmpfs places. The rest of
+   the root is read-only.
 
 Without root the same runs inside ``unshare --user --map-root-user`` (unprivileged user namespaces), as the
 user's own uid. Nothing here is the project's own namespace code: unshare, mount, setpriv and bubblewrap do it.
@@ -40,8 +41,10 @@ RUN_DIR = "/home/sandbox"
 """The run's folder inside the sandbox (its cwd, ``HOME`` and ``TMPDIR`` is ``/tmp``)."""
 TOOLS = ("bwrap", "unshare", "setpriv", "mount", "install", "sh")
 """The programs the boundary is built with (Debian: bubblewrap, util-linux, mount, coreutils, dash)."""
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-"""Shown read-only (a link stays a link: ``/lib -> usr/lib`` on merged-/usr systems)."""
+SYSTEM_DIRS = ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_DIRS += ("/usr/share/zoneinfo",)
+"""The system's shared libraries (and time zones), shown read-only: what an interpreter and its extension
+modules load. A link stays a link (``/lib -> usr/lib`` on merged-/usr systems). No programs: none could run."""
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 
 _LAYOUT = """
