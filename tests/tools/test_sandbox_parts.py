@@ -512,6 +512,7 @@ def test_cgroups_are_made_with_their_limits_and_removed(tmp_path, monkeypatch, v
         (tmp_path / "trainer").mkdir()
         (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
         (tmp_path / "trainer" / "cgroup.controllers").write_text("memory pids\n")
+        (tmp_path / "trainer" / "cgroup.subtree_control").write_text("")
         proc = "0::/trainer\n"
     (tmp_path / "proc_cgroup").write_text(proc)
     monkeypatch.setattr(cgroups, "ROOT", tmp_path)
@@ -529,6 +530,7 @@ def test_cgroups_are_made_with_their_limits_and_removed(tmp_path, monkeypatch, v
         (folder,) = group.dirs
         assert (folder / "memory.max").read_text() == "123" and (folder / "pids.max").read_text() == "7"
         assert (folder.parent / "cgroup.subtree_control").read_text() == "+memory +pids"
+        assert (tmp_path / "trainer" / "cgroup.subtree_control").read_text() == "+memory +pids"
     for folder in group.dirs:  # rmdir of a real cgroup ignores its files; a fake's must go first
         for item in folder.iterdir():
             item.unlink()

@@ -41,8 +41,10 @@ RUN_DIR = "/home/sandbox"
 """The run's folder inside the sandbox (its cwd, ``HOME`` and ``TMPDIR`` is ``/tmp``)."""
 TOOLS = ("bwrap", "unshare", "setpriv", "mount", "install", "sh")
 """The programs the boundary is built with (Debian: bubblewrap, util-linux, mount, coreutils, dash)."""
-SYSTEM_DIRS = ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32", "/lib", "/lib32", "/lib64", "/libx32")
-SYSTEM_DIRS += ("/usr/share/zoneinfo",)
+SYSTEM_DIRS = (
+    *("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32", "/lib", "/lib32", "/lib64", "/libx32"),
+    "/usr/share/zoneinfo",
+)
 """The system's shared libraries (and time zones), shown read-only: what an interpreter and its extension
 modules load. A link stays a link (``/lib -> usr/lib`` on merged-/usr systems). No programs: none could run."""
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")

@@ -79,12 +79,24 @@ def _prepare_parents() -> tuple[str, list[Path]]:
         raise OSError("no cgroup hierarchy with the memory and pids controllers is mounted")
     version, dirs = found
     for directory in dirs:
+        if version == "v2":  # the trainer's group hands the controllers down (refused while it holds processes)
+            _enable_controllers(directory.parent)
         directory.mkdir(exist_ok=True)
         if version == "v2":
-            control = directory / "cgroup.subtree_control"
-            if not {"memory", "pids"} <= set(control.read_text().split()):
-                control.write_text("+memory +pids")
+            _enable_controllers(directory)
     return version, dirs
+
+
+def _enable_controllers(directory: Path) -> None:
+    control = directory / "cgroup.subtree_control"
+    if not {"memory", "pids"} <= set(control.read_text().split()):
+        try:
+            control.write_text("+memory +pids")
+        except OSError as exc:
+            raise OSError(
+                f"{control}: cannot hand the memory and pids controllers down ({exc}); cgroup v2 lets a group do "
+                "that only when it holds no process itself: start the trainer in a leaf of a delegated subtree"
+            ) from exc
 
 
 def cgroup_version() -> str | None:
