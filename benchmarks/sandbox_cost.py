@@ -68,7 +68,7 @@ def main() -> None:
         deciles = statistics.quantiles(found, n=10)
         median = statistics.median(found)
         print(
-            f"{str(path):40s} median {median * 1e3:6.1f} ms  p10 {deciles[0] * 1e3:6.1f}  p90 {deciles[-1] * 1e3:6.1f}"
+            f"{path!s:40s} median {median * 1e3:6.1f} ms  p10 {deciles[0] * 1e3:6.1f}  p90 {deciles[-1] * 1e3:6.1f}"
             f"  ratio {median / reference:.2f}"
         )
 
