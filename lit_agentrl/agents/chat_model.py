@@ -137,12 +137,28 @@ class ChatModel(BaseChatModel):
             raise ValueError("ChatModel stops on token ids: pass sampling_params={'stop_token_ids': [...]}, not stop=")
         tools = kwargs.get("tools")
         token_ids, loss_mask, logprobs, prompt_length, vision = self._encode(messages, tools)
-        images = {"image_data": vision.images} if vision.images else {}  # SGLang's name; text requests as before
-        output = await self.llm.async_generate(
-            input_ids=token_ids, sampling_params=self._sampling_params(kwargs), return_logprob=True, **images
+        message = await self.generate_turn(
+            token_ids, loss_mask, logprobs, prompt_length, tools, self._sampling_params(kwargs), vision
         )
-        message = self._to_message(output, token_ids, loss_mask, logprobs, prompt_length, tools, vision)
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+    async def generate_turn(
+        self,
+        token_ids: list[int],
+        loss_mask: list[int],
+        logprobs: list[float],
+        prompt_length: int,
+        tools: list[dict] | None,
+        sampling_params: dict[str, Any],
+        vision: VisionInputs | None = None,
+    ) -> AIMessage:
+        """One model turn after ``token_ids`` (the conversation so far, encoded): the engine's tokens, parsed into
+        an ``AIMessage`` whose ``response_metadata`` extends the given lists (also used by the OpenAI gateway)."""
+        images = {"image_data": vision.images} if vision is not None and vision.images else {}  # SGLang's name
+        output = await self.llm.async_generate(
+            input_ids=token_ids, sampling_params=dict(sampling_params), return_logprob=True, **images
+        )
+        return self._to_message(output, token_ids, loss_mask, logprobs, prompt_length, tools, vision)
 
     @staticmethod
     def _sampling_params(kwargs: dict[str, Any]) -> dict[str, Any]:

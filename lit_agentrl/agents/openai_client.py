@@ -1,0 +1,182 @@
+"""Agents written against an OpenAI client, trained unchanged: :func:`register_openai_agent`.
+
+::
+
+    from lit_agentrl.agents import register_openai_agent
+
+    @register_openai_agent("my_agent")
+    async def run(client: openai.AsyncOpenAI, row: dict, cfg) -> float | AgentResult | None:
+        reply = await client.chat.completions.create(model="policy", messages=row["messages"])
+        ...
+
+For each trajectory the function gets an ``openai.AsyncOpenAI`` whose base URL points at the rollout's gateway
+(:mod:`lit_agentrl.gateway`) with the trajectory's own id, the row (its fields, the prompt as ``messages``,
+``ground_truth``) and the agent YAML's config, and may call the model as often as it likes, with tools. It returns
+the reward (a number), an :class:`AgentResult`, or None (the row's reward function then scores the last reply).
+The tokens trained are the tokens the engine sampled: the gateway records them call by call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from lit_agentrl.agents.base import MESSAGES_FIELD, AgentGraph, AgentGraphOutput
+from lit_agentrl.agents.registry import register
+from lit_agentrl.context import current_trajectory
+from lit_agentrl.types import AGENT_METRICS_FIELD
+
+__all__ = ["AgentResult", "OpenAIClientAgent", "register_openai_agent"]
+
+
+@dataclass
+class AgentResult:
+    """What an OpenAI-client agent may return instead of a bare reward."""
+
+    reward: float | None = None
+    """The trajectory's reward; None: the row's reward function scores ``final_answer`` (or the last reply)."""
+    final_answer: str | None = None
+    """The text the reward function scores (default: the model's last reply)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Numbers logged as ``agent/<agent>/<name>``."""
+
+
+AgentFunction = Callable[[Any, dict[str, Any], Any], Awaitable["float | AgentResult | None"]]
+
+
+class OpenAIClientAgent(AgentGraph):
+    """The registered form of an OpenAI-client function (see the module's docstring)."""
+
+    function: ClassVar[AgentFunction]
+
+    def build_graph(self) -> None:
+        self.chatmodel = self.make_chat_model()
+
+    async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:
+        import openai
+
+        from lit_agentrl.gateway import gateway_for
+
+        if not hasattr(self, "chatmodel"):
+            self.build_graph()
+        gateway = await gateway_for(self.chatmodel)  # type: ignore[arg-type]
+        session = gateway.open_session(current_trajectory())
+        client = openai.AsyncOpenAI(base_url=gateway.base_url(session), api_key=session.id, max_retries=0)
+        try:
+            result = await type(self).function(client, {**kwargs, "messages": list(messages)}, self.cfg)
+        finally:
+            gateway.close_session(session)
+            await client.close()
+        return self._output(session, result)
+
+    def _output(self, session: Any, result: float | AgentResult | None) -> AgentGraphOutput:
+        if not session.samples:
+            raise ValueError(f"agent {self.agent_name!r} made no model call through its client")
+        if len(session.samples) > 1:
+            raise ValueError(
+                f"agent {self.agent_name!r}: its calls formed {len(session.samples)} separate conversations (a "
+                "rewritten history or a fresh context); training several samples per trajectory is not built yet"
+            )
+        if not isinstance(result, AgentResult):
+            if result is not None and not isinstance(result, (int, float)):
+                raise TypeError(
+                    f"agent {self.agent_name!r} returned {type(result).__name__}: return a number, an AgentResult "
+                    "or None"
+                )
+            result = AgentResult(reward=None if result is None else float(result))
+        sample = session.samples[0]
+        prompt = sample.prompt_length
+        text = self.tokenizer.decode(sample.token_ids[prompt:])
+        extra: dict[str, Any] = {
+            "num_model_turns": sample.num_model_turns,
+            "num_tool_calls": sample.num_tool_calls,
+            "finish_reason": sample.finish_reason,
+            MESSAGES_FIELD: sample.messages,
+        }
+        if result.metrics:
+            extra[AGENT_METRICS_FIELD] = dict(result.metrics)
+        return AgentGraphOutput(
+            str_output=result.final_answer if result.final_answer is not None else text,
+            prompt_ids=list(sample.token_ids[:prompt]),
+            all_token_ids=list(sample.token_ids),
+            loss_mask=list(sample.loss_mask),
+            response_logprobs=list(sample.logprobs[prompt:]),
+            reward_score=result.reward,
+            num_turns=len(sample.messages),
+            extra_fields=extra,
+        )
+
+
+def register_openai_agent(agent_name: str) -> Callable[[AgentFunction], AgentFunction]:
+    """Register ``async def run(client, row, cfg)`` as the agent ``agent_name`` (rows name it in ``agent_name``)."""
+
+    def decorator(function: AgentFunction) -> AgentFunction:
+        if not callable(function):
+            raise TypeError(f"register_openai_agent({agent_name!r}) decorates a function, got {function!r}")
+        cls = type(
+            f"OpenAIClientAgent_{agent_name}",
+            (OpenAIClientAgent,),
+            {"function": staticmethod(function), "__module__": getattr(function, "__module__", __name__)},
+        )
+        register(agent_name)(cls)
+        return function
+
+    return decorator
+
+
+COMMAND_KEY = "command"
+"""The agent YAML key of ``openai_command``: the program to run per trajectory, as an argv list."""
+
+
+@register_openai_agent("openai_command")
+async def run_command(client: Any, row: dict[str, Any], cfg: Any) -> AgentResult | None:
+    """A separate program as the agent: the agent YAML's ``command`` runs once per trajectory, with
+    ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` pointing at the trajectory's gateway and the row as JSON on stdin.
+    Its stdout's last line may be a number (the reward) or a JSON object with ``reward``, ``final_answer`` and
+    ``metrics``; otherwise the row's reward function scores the last reply. A non-zero exit fails the trajectory."""
+    import asyncio
+    import json
+    import os
+
+    from lit_agentrl.agents.config import cfg_get
+
+    command = cfg_get(cfg, COMMAND_KEY, None)
+    if not command or isinstance(command, str) or not all(isinstance(part, str) for part in command):
+        raise ValueError(f"openai_command: the agent YAML needs `{COMMAND_KEY}:` as a list of strings, got {command!r}")
+    env = {**os.environ, "OPENAI_BASE_URL": str(client.base_url), "OPENAI_API_KEY": str(client.api_key)}
+    proc = await asyncio.create_subprocess_exec(
+        *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    try:
+        out, err = await proc.communicate(json.dumps(row, default=str).encode())
+    finally:
+        if proc.returncode is None:  # cancelled or timed out: the program goes with its trajectory
+            proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip()[-2000:]
+        raise RuntimeError(f"openai_command {command[0]!r} exited with status {proc.returncode}: {tail}")
+    return _command_result(out.decode(errors="replace"))
+
+
+def _command_result(stdout: str) -> AgentResult | None:
+    import json
+
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    try:
+        last = json.loads(lines[-1])
+    except ValueError:
+        return None
+    if isinstance(last, (int, float)) and not isinstance(last, bool):
+        return AgentResult(reward=float(last))
+    if isinstance(last, dict) and set(last) <= {"reward", "final_answer", "metrics"}:
+        reward = last.get("reward")
+        return AgentResult(
+            reward=None if reward is None else float(reward),
+            final_answer=last.get("final_answer"),
+            metrics={str(k): float(v) for k, v in (last.get("metrics") or {}).items()},
+        )
+    return None

@@ -1,0 +1,323 @@
+"""The OpenAI-compatible gateway: ``/v1/chat/completions`` and ``/v1/models`` over one rollout engine.
+
+A :class:`Gateway` serves on loopback (uvicorn, a Starlette app) from the rollout's own event loop. The rollout
+manager opens a :class:`~lit_agentrl.gateway.session.GatewaySession` per trajectory and hands the agent a base
+URL holding its id (``http://127.0.0.1:PORT/t/<id>/v1``; the id also works as the API key at ``/v1``), so
+every call is attributed to its trajectory: the handler enters the trajectory's context (its admission tag and
+sampling parameters), encodes the messages token-exactly (:mod:`.session`), generates through the engine, parses
+tool calls with the tool loop's parser, records the sampled ids and log-probs, and answers with the ``openai``
+package's own response types (streamed as server-sent events when asked).
+
+Sampling follows the run's parameters, whatever the request says: the trainer computes log-probs at the run's
+temperature, so a request's ``temperature`` or ``top_p`` that differ are not used (a warning names them once);
+``max_tokens``/``max_completion_tokens`` may only lower the run's per-turn limit, and ``stop`` strings are
+honoured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from lit_agentrl.agents.chat_model import ChatModel
+from lit_agentrl.context import TrajectoryContext, enter_trajectory
+from lit_agentrl.gateway.session import GatewaySample, GatewaySession, normalized
+
+__all__ = ["Gateway", "GatewayError"]
+
+log = logging.getLogger(__name__)
+
+IGNORED_SAMPLING = ("temperature", "top_p")
+"""Request fields the run's own values override (the trainer's log-probs assume the run's)."""
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses: answered as an OpenAI-style error with this status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Gateway:
+    """An OpenAI-compatible HTTP API over ``chat_model``'s engine, for the trajectories of one rollout loop."""
+
+    def __init__(self, chat_model: ChatModel, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.chat_model = chat_model
+        self.host, self.port = host, port
+        self.sessions: dict[str, GatewaySession] = {}
+        self._server: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Serve from the running event loop; returns once the socket accepts connections."""
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # the trainer's signals stay the trainer's
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, timeout=10)
+        self._server = self._task = None
+
+    # ------------------------------------------------------------------------------------------ sessions
+
+    def open_session(self, context: TrajectoryContext | None) -> GatewaySession:
+        session = GatewaySession(id=f"traj-{uuid.uuid4().hex}", context=context)
+        self.sessions[session.id] = session
+        return session
+
+    def close_session(self, session: GatewaySession) -> None:
+        self.sessions.pop(session.id, None)
+
+    def base_url(self, session: GatewaySession) -> str:
+        return f"http://{self.host}:{self.port}/t/{session.id}/v1"
+
+    # ------------------------------------------------------------------------------------------ the app
+
+    def app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        routes = [
+            Route("/t/{session}/v1/chat/completions", self._completions, methods=["POST"]),
+            Route("/t/{session}/v1/models", self._models, methods=["GET"]),
+            Route("/v1/chat/completions", self._completions, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+        ]
+        return Starlette(routes=routes)
+
+    def _session(self, request: Any) -> GatewaySession:
+        key = request.path_params.get("session")
+        if key is None:
+            auth = request.headers.get("authorization", "")
+            key = auth.removeprefix("Bearer ").strip() or None
+        session = self.sessions.get(key or "")
+        if session is None:
+            raise GatewayError(401, "unknown or finished trajectory: use the base URL or API key the rollout gave")
+        return session
+
+    async def _models(self, request: Any) -> Any:
+        from openai.types import Model
+        from starlette.responses import JSONResponse
+
+        try:
+            self._session(request)
+        except GatewayError as exc:
+            return _error(exc)
+        model = Model(id=self.chat_model.model_name, created=0, object="model", owned_by="lit-agentrl")
+        return JSONResponse({"object": "list", "data": [model.model_dump()]})
+
+    async def _completions(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        try:
+            session = self._session(request)
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise GatewayError(400, "the request body must be a JSON object")
+            completion = await self.complete(session, body)
+        except GatewayError as exc:
+            return _error(exc)
+        if body.get("stream"):
+            return StreamingResponse(_stream(completion, body), media_type="text/event-stream")
+        return JSONResponse(completion.model_dump(exclude_none=True))
+
+    # ------------------------------------------------------------------------------------------ one call
+
+    async def complete(self, session: GatewaySession, body: dict[str, Any]) -> Any:
+        """One ``chat.completions`` call of ``session``'s trajectory: generated, recorded, answered."""
+        messages, tools = _messages(body), body.get("tools") or None
+        if int(body.get("n") or 1) != 1:
+            raise GatewayError(400, "n > 1 is not supported: call once per completion")
+        if session.context is not None:
+            enter_trajectory(session.context)  # this request's task: the trajectory's tag and sampling params
+        params = self._sampling(session, body)
+        found = session.continuation(messages, tools)
+        if found is None:
+            ids = self.chat_model.render_ids(messages, tools, add_generation_prompt=True)
+            sample = GatewaySample(ids, [0] * len(ids), [0.0] * len(ids), len(ids), tools)
+            session.samples.append(sample)
+            sample.conversation = [normalized(m) for m in messages]
+            sample.messages = list(messages)
+            suffix: list[int] = []
+        else:
+            sample, new = found
+            suffix = self.chat_model.encode_suffix(new, tools, sample.output_ids)
+            sample.conversation += [normalized(m) for m in new]
+            sample.messages += new
+        turn = await self.chat_model.generate_turn(
+            sample.token_ids + suffix,
+            sample.loss_mask + [0] * len(suffix),
+            sample.logprobs + [0.0] * len(suffix),
+            sample.prompt_length,
+            tools,
+            params,
+        )
+        session.calls += 1
+        return self._record(sample, turn, body)
+
+    def _sampling(self, session: GatewaySession, body: dict[str, Any]) -> dict[str, Any]:
+        run = session.context.sampling_params if session.context is not None else None
+        if run is None:
+            raise GatewayError(500, "the trajectory has no sampling parameters (not started by a rollout)")
+        params = dict(run)
+        for key in IGNORED_SAMPLING:
+            if body.get(key) is not None and body[key] != params.get(key, 1.0) and key not in self._warned:
+                self._warned.add(key)
+                log.warning(
+                    "gateway: the agent asked for %s=%s; the run's %s=%s is used (the trainer's log-probs assume "
+                    "it). Said once.",
+                    key,
+                    body[key],
+                    key,
+                    params.get(key, 1.0),
+                )
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        if limit is not None:
+            params["max_new_tokens"] = min(int(limit), int(params.get("max_new_tokens", limit)))
+        stop = body.get("stop")
+        if stop:
+            params["stop"] = [stop] if isinstance(stop, str) else list(stop)
+        return params
+
+    def _record(self, sample: GatewaySample, turn: Any, body: dict[str, Any]) -> Any:
+        """Keep the turn's tokens in ``sample``; the OpenAI response for it."""
+        meta = turn.response_metadata
+        sample.token_ids, sample.loss_mask, sample.logprobs = meta["token_ids"], meta["loss_mask"], meta["logprobs"]
+        sample.output_ids, sample.finish_reason = meta["output_ids"], meta["finish_reason"]
+        sample.num_model_turns += 1
+        sample.num_tool_calls += len(turn.tool_calls) + len(turn.invalid_tool_calls)
+        sample.raw_texts.append(meta["raw_text"])
+        reply = _reply(turn)
+        sample.conversation.append(normalized(reply))
+        sample.messages.append(reply)
+        return _completion(self.chat_model.model_name, reply, meta, body, self.chat_model.tokenizer)
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise GatewayError(400, "messages must be a non-empty list of message objects")
+    for index, message in enumerate(messages):
+        if message.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            raise GatewayError(400, f"messages[{index}].role must be system, user, assistant or tool")
+    return [dict(m, role="system") if m["role"] == "developer" else m for m in messages]
+
+
+def _reply(turn: Any) -> dict[str, Any]:
+    """The model's turn as an OpenAI assistant message (tool calls with ids and JSON arguments)."""
+    reply: dict[str, Any] = {"role": "assistant", "content": turn.content or None}
+    calls = [
+        {
+            "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["args"])},
+        }
+        for call in turn.tool_calls
+    ]
+    if calls:
+        reply["tool_calls"] = calls
+    return reply
+
+
+def _finish(meta: dict[str, Any], reply: dict[str, Any]) -> str:
+    if (meta.get("finish_reason") or {}).get("type") == "length":
+        return "length"
+    return "tool_calls" if reply.get("tool_calls") else "stop"
+
+
+def _completion(model: str, reply: dict[str, Any], meta: dict[str, Any], body: dict[str, Any], tokenizer: Any) -> Any:
+    from openai.types.chat import ChatCompletion
+
+    output_ids = meta["output_ids"]
+    choice: dict[str, Any] = {"index": 0, "message": reply, "finish_reason": _finish(meta, reply)}
+    if body.get("logprobs"):
+        values = meta["logprobs"][-len(output_ids) :] if output_ids else []
+        choice["logprobs"] = {
+            "content": [
+                {"token": tokenizer.decode([token]), "logprob": value, "bytes": None, "top_logprobs": []}
+                for token, value in zip(output_ids, values)
+            ]
+        }
+    prompt = len(meta["token_ids"]) - len(output_ids)
+    return ChatCompletion.model_validate(
+        {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": len(output_ids),
+                "total_tokens": prompt + len(output_ids),
+            },
+        }
+    )
+
+
+async def _stream(completion: Any, body: dict[str, Any]) -> AsyncIterator[str]:
+    """The finished completion as server-sent ``chat.completion.chunk`` events (the turn is generated whole)."""
+    from openai.types.chat import ChatCompletionChunk
+
+    choice = completion.choices[0]
+    message = choice.message
+    delta: dict[str, Any] = {"role": "assistant", "content": message.content}
+    if message.tool_calls:
+        delta["tool_calls"] = [
+            {
+                "index": i,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+            for i, call in enumerate(message.tool_calls)
+        ]
+    base = {
+        "id": completion.id,
+        "object": "chat.completion.chunk",
+        "created": completion.created,
+        "model": completion.model,
+    }
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice.finish_reason}]},
+    ]
+    if (body.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**base, "choices": [], "usage": completion.usage.model_dump()})
+    for chunk in chunks:
+        yield f"data: {ChatCompletionChunk.model_validate(chunk).model_dump_json(exclude_none=True)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _error(exc: GatewayError) -> Any:
+    from starlette.responses import JSONResponse
+
+    kind = (
+        "invalid_request_error" if exc.status == 400 else "authentication_error" if exc.status == 401 else "api_error"
+    )
+    return JSONResponse({"error": {"message": str(exc), "type": kind, "code": exc.status}}, status_code=exc.status)
