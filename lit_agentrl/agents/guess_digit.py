@@ -11,6 +11,9 @@ Guessing blindly finds about 0.27 of the digits in 3 guesses; halving the range 
 a reward above the blind rate can only come from reading what the environment said in earlier turns.
 
 Agent YAML keys (all optional): ``max_guesses`` (default 3), ``feedback_credit`` (default 0: found only).
+
+``guess_digit_openai`` is the same game written against an OpenAI client (:func:`guess_digit_openai`), trained
+through the gateway: the two learn alike (docs/getting-started.md).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from langgraph.graph.message import add_messages
 
 from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput
 from lit_agentrl.agents.config import cfg_get
+from lit_agentrl.agents.openai_client import AgentResult, register_openai_agent
 from lit_agentrl.agents.registry import register
 
 HIGHER, LOWER, FOUND, NO_GUESS = "higher", "lower", "found", "?"
@@ -155,3 +159,26 @@ def turn_metrics(found_at: int, turns: int) -> dict[str, float]:
     cannot do better than 1/9 and 1/8 there by avoiding its own earlier guesses.
     """
     return {f"found_turn_{k}": float(found_at == k) for k in range(1, turns + 1)}
+
+
+@register_openai_agent("guess_digit_openai", required_fields=("secret",))
+async def guess_digit_openai(client: Any, row: dict[str, Any], cfg: Any) -> AgentResult:
+    """The same game written against an OpenAI client, as most agents outside this project are: the multi-turn
+    quickstart's ``configs/quickstart_multiturn_openai.yaml`` trains it through the gateway."""
+    problem = _secret_problem(row.get("secret"))
+    if problem:
+        raise ValueError(f"agent 'guess_digit_openai': {problem}")
+    secret = int(row["secret"])
+    max_guesses = int(cfg_get(cfg, "max_guesses", 3))
+    messages, guesses = list(row["messages"]), []
+    for _ in range(max_guesses):
+        reply = await client.chat.completions.create(model="policy", messages=messages)
+        text = reply.choices[0].message.content or ""
+        guesses.append(parse_guess(text))
+        messages.append({"role": "assistant", "content": text})
+        if guesses[-1] == secret:
+            break
+        messages.append({"role": "user", "content": feedback(guesses[-1], secret)})
+    found_at = guesses.index(secret) + 1 if secret in guesses else 0
+    reward = game_reward(guesses, secret, float(cfg_get(cfg, "feedback_credit", 0.0)))
+    return AgentResult(reward=reward, metrics=turn_metrics(found_at, len(guesses)))

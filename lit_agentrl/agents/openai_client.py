@@ -62,12 +62,15 @@ class OpenAIClientAgent(AgentGraph):
             self.build_graph()
         gateway = await gateway_for(self.chatmodel)  # type: ignore[arg-type]
         session = gateway.open_session(current_trajectory())
-        client = openai.AsyncOpenAI(base_url=gateway.base_url(session), api_key=session.id, max_retries=0)
+        # The gateway's one HTTP client: a client of its own per trajectory would build an SSL context each time
+        # (about 30 ms here), more than the trajectory's model calls cost. Shared, so never closed here.
+        client = openai.AsyncOpenAI(
+            base_url=gateway.base_url(session), api_key=session.id, max_retries=0, http_client=gateway.http_client
+        )
         try:
             result = await type(self).function(client, {**kwargs, "messages": list(messages)}, self.cfg)
         finally:
             gateway.close_session(session)
-            await client.close()
         return self._output(session, result)
 
     def _output(self, session: Any, result: float | AgentResult | None) -> AgentGraphOutput:
@@ -108,17 +111,21 @@ class OpenAIClientAgent(AgentGraph):
         )
 
 
-def register_openai_agent(agent_name: str) -> Callable[[AgentFunction], AgentFunction]:
-    """Register ``async def run(client, row, cfg)`` as the agent ``agent_name`` (rows name it in ``agent_name``)."""
+def register_openai_agent(
+    agent_name: str, *, required_fields: tuple[str, ...] = ()
+) -> Callable[[AgentFunction], AgentFunction]:
+    """Register ``async def run(client, row, cfg)`` as the agent ``agent_name`` (rows name it in ``agent_name``).
+    ``required_fields``: row fields every row of the agent must have, not null (checked at setup)."""
 
     def decorator(function: AgentFunction) -> AgentFunction:
         if not callable(function):
             raise TypeError(f"register_openai_agent({agent_name!r}) decorates a function, got {function!r}")
-        cls = type(
-            f"OpenAIClientAgent_{agent_name}",
-            (OpenAIClientAgent,),
-            {"function": staticmethod(function), "__module__": getattr(function, "__module__", __name__)},
-        )
+        attributes = {
+            "function": staticmethod(function),
+            "required_fields": tuple(required_fields),
+            "__module__": getattr(function, "__module__", __name__),
+        }
+        cls = type(f"OpenAIClientAgent_{agent_name}", (OpenAIClientAgent,), attributes)
         register(agent_name)(cls)
         return function
 

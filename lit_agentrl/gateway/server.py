@@ -56,6 +56,17 @@ class Gateway:
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
         self._warned: set[str] = set()
+        self._http_client: Any = None
+
+    @property
+    def http_client(self) -> Any:
+        """One HTTP client for the agents this process runs (``openai.AsyncOpenAI(http_client=...)``), made on
+        first use: a client per trajectory would pay for an SSL context each time, loopback or not."""
+        if self._http_client is None:
+            import openai
+
+            self._http_client = openai.DefaultAsyncHttpxClient(timeout=None)
+        return self._http_client
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -77,6 +88,10 @@ class Gateway:
             await asyncio.sleep(0.005)
 
     async def stop(self) -> None:
+        if self._http_client is not None:
+            with contextlib.suppress(Exception):
+                await self._http_client.aclose()
+            self._http_client = None
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             with contextlib.suppress(Exception):
