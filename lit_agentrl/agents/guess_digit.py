@@ -13,7 +13,8 @@ a reward above the blind rate can only come from reading what the environment sa
 Agent YAML keys (all optional): ``max_guesses`` (default 3), ``feedback_credit`` (default 0: found only).
 
 ``guess_digit_openai`` is the same game written against an OpenAI client (:func:`guess_digit_openai`), trained
-through the gateway: the two learn alike (docs/getting-started.md).
+through the gateway, and ``guess_digit_env`` the same game as an environment (:class:`GuessDigitEnv`): the three
+train alike (tests/gateway/test_gateway_fit.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from langgraph.graph.message import add_messages
 
 from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput
 from lit_agentrl.agents.config import cfg_get
+from lit_agentrl.agents.environment import Environment, register_environment
 from lit_agentrl.agents.openai_client import AgentResult, register_openai_agent
 from lit_agentrl.agents.registry import register
 
@@ -170,7 +172,8 @@ async def guess_digit_openai(client: Any, row: dict[str, Any], cfg: Any) -> Agen
         raise ValueError(f"agent 'guess_digit_openai': {problem}")
     secret = int(row["secret"])
     max_guesses = int(cfg_get(cfg, "max_guesses", 3))
-    messages, guesses = list(row["messages"]), []
+    messages: list[dict[str, Any]] = list(row["messages"])
+    guesses: list[int | None] = []
     for _ in range(max_guesses):
         reply = await client.chat.completions.create(model="policy", messages=messages)
         text = reply.choices[0].message.content or ""
@@ -182,3 +185,28 @@ async def guess_digit_openai(client: Any, row: dict[str, Any], cfg: Any) -> Agen
     found_at = guesses.index(secret) + 1 if secret in guesses else 0
     reward = game_reward(guesses, secret, float(cfg_get(cfg, "feedback_credit", 0.0)))
     return AgentResult(reward=reward, metrics=turn_metrics(found_at, len(guesses)))
+
+
+@register_environment("guess_digit_env")
+class GuessDigitEnv(Environment):
+    """The same game as a Gym-style environment: no agent code at all (agent YAML keys as above)."""
+
+    required_fields = ("secret",)
+
+    def reset(self, row: dict[str, Any]) -> None:
+        problem = _secret_problem(row.get("secret"))
+        if problem:
+            raise ValueError(f"environment 'guess_digit_env': {problem}")
+        self.secret = int(row["secret"])
+        self.guesses: list[int | None] = []
+        self.max_guesses = int(cfg_get(self.cfg, "max_guesses", 3))
+        self.feedback_credit = float(cfg_get(self.cfg, "feedback_credit", 0.0))
+
+    def step(self, action: str) -> tuple[str, float, bool]:
+        guess = parse_guess(action)
+        self.guesses.append(guess)
+        if guess != self.secret and len(self.guesses) < self.max_guesses:
+            return feedback(guess, self.secret), 0.0, False
+        found_at = len(self.guesses) if guess == self.secret else 0
+        self.metrics = turn_metrics(found_at, len(self.guesses))
+        return "", game_reward(self.guesses, self.secret, self.feedback_credit), True

@@ -1,8 +1,10 @@
-"""``lit-agentrl fit`` trains an agent written against an OpenAI client exactly as it trains the same agent written
-as a LangGraph graph: the multi-turn quickstart's game both ways, same seed, same metrics step by step."""
+"""``lit-agentrl fit`` trains an agent written against an OpenAI client, or an environment, exactly as it trains
+the same agent written as a LangGraph graph: the multi-turn quickstart's game three ways, same seed, same metrics
+step by step."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -49,14 +51,31 @@ def fit(config: str, model_dir, out) -> list[dict]:
     return [r for r in rows if r.get("rollout/reward_mean")]
 
 
-def test_the_openai_client_game_trains_like_the_langgraph_one(tmp_path, quickstart_model_dir, monkeypatch):
+def environment_config(tmp_path) -> str:
+    """The multi-turn quickstart with its rows naming the game as an environment (guess_digit_env)."""
+    settings = yaml.safe_load((REPO_ROOT / "configs/quickstart_multiturn.yaml").read_text())
+    for split in ("train", "val"):
+        rows = [json.loads(line) for line in (REPO_ROOT / f"data/quickstart_multiturn/{split}.jsonl").open()]
+        path = tmp_path / f"{split}.jsonl"
+        path.write_text("".join(json.dumps({**row, "agent_name": "guess_digit_env"}) + "\n" for row in rows))
+        settings["data"][f"{split}_files"] = str(path)
+    config = tmp_path / "quickstart_multiturn_env.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    return str(config)
+
+
+@pytest.mark.parametrize(("variant", "agent"), [("openai", "guess_digit_openai"), ("environment", "guess_digit_env")])
+def test_the_game_as_a_client_agent_or_an_environment_trains_like_the_graph(
+    tmp_path, quickstart_model_dir, monkeypatch, variant, agent
+):
     monkeypatch.chdir(REPO_ROOT)  # the shipped configs name their data and agent YAML from the project root
     graph = fit("configs/quickstart_multiturn.yaml", quickstart_model_dir, tmp_path / "graph")
-    client = fit("configs/quickstart_multiturn_openai.yaml", quickstart_model_dir, tmp_path / "client")
-    assert len(graph) == len(client) == 3
-    for ours, theirs in zip(graph, client):
+    config = "configs/quickstart_multiturn_openai.yaml" if variant == "openai" else environment_config(tmp_path)
+    other = fit(config, quickstart_model_dir, tmp_path / variant)
+    assert len(graph) == len(other) == 3
+    for ours, theirs in zip(graph, other):
         assert float(theirs["rollout/failed"]) == 0.0
         for key in COMPARED:
             assert float(theirs[key]) == pytest.approx(float(ours[key]), abs=1e-6), key
         for turn in (1, 2, 3):
-            assert theirs[f"agent/guess_digit_openai/found_turn_{turn}"] == ours[f"agent/guess_digit/found_turn_{turn}"]
+            assert theirs[f"agent/{agent}/found_turn_{turn}"] == ours[f"agent/guess_digit/found_turn_{turn}"]
