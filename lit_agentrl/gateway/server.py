@@ -147,7 +147,7 @@ class Gateway:
         return JSONResponse({"object": "list", "data": [model.model_dump()]})
 
     async def _completions(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.responses import Response, StreamingResponse
 
         try:
             session = self._session(request)
@@ -159,7 +159,7 @@ class Gateway:
             return _error(exc)
         if body.get("stream"):
             return StreamingResponse(_stream(completion, body), media_type="text/event-stream")
-        return JSONResponse(completion.model_dump(exclude_none=True))
+        return Response(completion.model_dump_json(exclude_none=True), media_type="application/json")
 
     # ------------------------------------------------------------------------------------------ one call
 
