@@ -27,6 +27,7 @@ from lit_agentrl.context import TrajectoryContext, TrajectoryTag, enter_trajecto
 from lit_agentrl.engines.admission import AdmissionGate
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.sampling import SamplingParams
+from lit_agentrl.gateway import close_gateways
 from lit_agentrl.rewards import RewardFn, resolve_reward_fn
 from lit_agentrl.rollout.background import BackgroundLoop
 from lit_agentrl.rollout.faults import raise_reported_faults
@@ -189,8 +190,11 @@ class RolloutManager:
         return list(await asyncio.gather(*(self._run_one(row, tag, dict(sampling_params)) for tag in tags)))
 
     def close(self) -> None:
-        """Stop the background thread (cancelling its rollouts), the reward threads and the manager's event loop
-        (engines, and their loops, are owned and shut down by the caller)."""
+        """Stop the OpenAI gateways its agents started, the background thread (cancelling its rollouts), the reward
+        threads and the manager's event loop (engines, and their loops, are owned and shut down by the caller)."""
+        for loop in (self._background.loop if self._background is not None else None, self._loop):
+            if loop is not None:
+                close_gateways(loop)
         if self._background is not None:
             self._background.stop()
             self._background = None

@@ -12,6 +12,7 @@ import openai
 import pytest
 from support import tool_call_text
 
+from lit_agentrl import gateway as gateway_module
 from lit_agentrl.agents import AgentResult, register_openai_agent
 from lit_agentrl.engines.base import EngineWrapper
 from lit_agentrl.rollout.manager import RolloutManager
@@ -107,6 +108,7 @@ def test_an_openai_tool_loop_trains_on_the_sampled_tokens(scripted_engine_factor
     roles = [m["role"] for m in trajectory.messages]
     assert roles == ["user", "assistant", "tool", "assistant"]
     assert trajectory.extra_fields["metrics"] == {"turns": 1.0}
+    assert not gateway_module._gateways  # the manager's close stopped the gateway its agents started
 
 
 def test_a_rewritten_history_is_a_new_sample_and_fails_loudly_until_several_are_trained(
