@@ -66,13 +66,17 @@ async def direct(chat: ChatModel, count: int) -> None:
     await asyncio.gather(*(one() for _ in range(count)))
 
 
-async def through_gateway(gateway: Gateway, count: int) -> None:
+async def through_gateway(gateway: Gateway, count: int, http_client: Any = None) -> None:
+    """What an agent function gets: the official client on the gateway's in-process HTTP client (unless given one)."""
     import openai
 
     async def one() -> None:
         session = gateway.open_session(TrajectoryContext(sampling_params=SAMPLING))
         client = openai.AsyncOpenAI(
-            base_url=gateway.base_url(session), api_key="x", max_retries=0, http_client=gateway.http_client
+            base_url=gateway.base_url(session),
+            api_key="x",
+            max_retries=0,
+            http_client=http_client or gateway.http_client,
         )
         messages: list[dict[str, Any]] = list(PROMPT)
         for _ in range(TURNS):
@@ -87,21 +91,10 @@ async def through_gateway(gateway: Gateway, count: int) -> None:
     await asyncio.gather(*(one() for _ in range(count)))
 
 
-async def raw_http(gateway: Gateway, count: int) -> None:
-    """The gateway without the ``openai`` library: JSON posted with the same HTTP client, to tell the gateway's own
-    cost (HTTP, the server, the bookkeeping) from the client library's (its request and response models)."""
-
-    async def one() -> None:
-        session = gateway.open_session(TrajectoryContext(sampling_params=SAMPLING))
-        url = gateway.base_url(session) + "/chat/completions"
-        messages: list[dict[str, Any]] = list(PROMPT)
-        for _ in range(TURNS):
-            reply = (await gateway.http_client.post(url, json={"model": "policy", "messages": messages})).json()
-            messages += [reply["choices"][0]["message"], {"role": "user", "content": "higher"}]
-        assert len(session.samples) == 1, "every turn must continue the first sample"
-        gateway.close_session(session)
-
-    await asyncio.gather(*(one() for _ in range(count)))
+async def over_loopback(gateway: Gateway, count: int, http_client: Any) -> None:
+    """What a client of its own gets (LangChain's ChatOpenAI, a separate program): the openai client over TCP to
+    uvicorn, one HTTP client shared by the trajectories."""
+    await through_gateway(gateway, count, http_client)
 
 
 async def main(rounds: int, count: int) -> None:
@@ -112,10 +105,13 @@ async def main(rounds: int, count: int) -> None:
     chat = ChatModel(model="policy", llm=engine, tokenizer=tokenizer)
     gateway = Gateway(chat)
     await gateway.start()
+    import openai
+
+    loopback = openai.DefaultAsyncHttpxClient(timeout=None)
     ways = {
         "direct": lambda: direct(chat, count),
-        "raw http": lambda: raw_http(gateway, count),
         "gateway": lambda: through_gateway(gateway, count),
+        "loopback": lambda: over_loopback(gateway, count, loopback),
     }
     times: dict[str, list[float]] = {name: [] for name in ways}
     try:
@@ -126,6 +122,7 @@ async def main(rounds: int, count: int) -> None:
                 if round_:
                     times[name].append(time.perf_counter() - start)
     finally:
+        await loopback.aclose()
         await gateway.stop()
     calls = count * TURNS
     medians = {name: statistics.median(found) for name, found in times.items()}
@@ -134,7 +131,7 @@ async def main(rounds: int, count: int) -> None:
             f"{name:8s} {median * 1e3:8.1f} ms per round of {count} trajectories: {median / calls * 1e3:.3f} ms per "
             f"call, {median / count * 1e3:.3f} ms per trajectory"
         )
-    for name in ("raw http", "gateway"):
+    for name in ("gateway", "loopback"):
         extra = medians[name] - medians["direct"]
         print(
             f"{name} over direct: {extra / calls * 1e3:.3f} ms per call, {extra / count * 1e3:.3f} ms per trajectory"

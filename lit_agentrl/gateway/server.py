@@ -57,15 +57,25 @@ class Gateway:
         self._task: asyncio.Task[None] | None = None
         self._warned: set[str] = set()
         self._http_client: Any = None
+        self._app = self.app()
 
     @property
     def http_client(self) -> Any:
-        """One HTTP client for the agents this process runs (``openai.AsyncOpenAI(http_client=...)``), made on
-        first use: a client per trajectory would pay for an SSL context each time, loopback or not."""
+        """The HTTP client of the agent functions this process runs (``openai.AsyncOpenAI(http_client=...)``): it
+        hands each request to the same ASGI app in process, with no socket or HTTP parsing, since the agent and the
+        gateway share the rollout's event loop (clients of their own, a LangChain model or a separate program, go
+        through uvicorn on loopback). One for all, made on first use: a client per trajectory would also pay for
+        an SSL context each time."""
         if self._http_client is None:
+            import importlib
+
             import openai
 
-            self._http_client = openai.DefaultAsyncHttpxClient(timeout=None)
+            # The httpx the installed openai builds on (httpx, or httpx2 in recent releases), for its ASGITransport.
+            base = next(c for c in openai.DefaultAsyncHttpxClient.__mro__ if c.__name__ == "AsyncClient")
+            library = importlib.import_module(base.__module__.split(".")[0])
+            transport = library.ASGITransport(app=self._app)
+            self._http_client = openai.DefaultAsyncHttpxClient(transport=transport, timeout=None)
         return self._http_client
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -78,7 +88,7 @@ class Gateway:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(self._app, log_level="warning", lifespan="off", access_log=False)
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # the trainer's signals stay the trainer's
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
