@@ -8,6 +8,7 @@ that limit, well before the code would have ended". (The pure helpers are tested
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import glob
 import os
 import signal
@@ -254,6 +255,22 @@ def test_kernel_layers_hold_without_the_audit_hook(sandbox):
         assert "Connection refused" in bare.run(connect).error
     assert "unreachable" in bare.run("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)").error
     assert "Operation not permitted" in bare.run("import os\nos.execv('/usr/bin/true', ['true'])").error
+
+
+@pytest.mark.parametrize("max_processes", [0, 2])
+def test_the_pids_cgroup_alone_holds_the_task_limit(sandbox, monkeypatch, max_processes):
+    """Without RLIMIT_NPROC (which counts per uid, so only a uid of the run's own makes it exact), the run's cgroup
+    still allows exactly max_processes more tasks."""
+    if not sandbox.strong:
+        pytest.skip(f"this machine lacks part of the boundary: {sandbox.isolation['missing']}")
+    bare = PythonSandbox(dataclasses.replace(FAST, max_processes=max_processes))
+    bare._guard = False
+    monkeypatch.setattr(bare, "_task_limit", lambda uid, bwrap: None)
+    code = "import os, time\nn = 0\ntry:\n    for _ in range(10):\n        if os.fork() == 0:\n"
+    code += "            time.sleep(2)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint(n)"
+    result = bare.run(code)
+    assert result.stdout.strip() == str(max_processes), result
+    assert no_sandbox_processes_within(5)
 
 
 def test_isolation_report(sandbox):

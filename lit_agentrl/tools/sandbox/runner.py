@@ -242,7 +242,9 @@ class PythonSandbox:
         run = _Run(argv=[], cwd="/", env={}, token=token, bwrap=bwrap)
         try:
             if report["cgroup"]:
-                tasks = 1 + limits.max_processes + BWRAP_TASKS + 1  # + the launcher while it starts bwrap
+                tasks = (
+                    1 + limits.max_processes + BWRAP_TASKS
+                )  # bwrap's monitor and PID 1, the interpreter, its children
                 run.cgroup = RunCgroup.create(memory_bytes=int(limits.memory_mb) * 2**20, tasks=tasks)
             folder = RUN_DIR if bwrap else self._host_folder(code, uid, run)
             filters = [exec_filter()] if bwrap else [boundary_filter(), exec_filter()] if report["seccomp"] else []
