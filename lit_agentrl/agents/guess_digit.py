@@ -140,9 +140,8 @@ class GuessDigitAgentGraph(AgentGraph):
         state = await self.graph.ainvoke({"messages": list(messages), "guesses": []}, config=config)
         output = self.convert_agent_graph_output(state)
         guesses = state["guesses"]
-        found_at = guesses.index(secret) + 1 if secret in guesses else 0
         output.reward_score = game_reward(guesses, secret, self.feedback_credit)
-        output.extra_fields.update(guesses=guesses, metrics=turn_metrics(found_at, len(guesses)))
+        output.extra_fields.update(guesses=guesses, metrics=turn_metrics(guesses, secret))
         return output
 
 
@@ -153,14 +152,15 @@ def _secret_problem(secret: Any) -> str | None:
     return f"row field 'secret' must be a digit 0-9 (an integer), got {secret!r}"
 
 
-def turn_metrics(found_at: int, turns: int) -> dict[str, float]:
+def turn_metrics(guesses: Sequence[int | None], secret: int) -> dict[str, float]:
     """``found_turn_k``: 1.0 when the game reached turn k and the guess there was right, 0.0 when it was wrong.
 
     Averaged over the games that reached turn k, a rising ``found_turn_2``/``found_turn_3`` shows the model
     using the feedback: blind guessing stays near 1/10 at every turn, and a model that never reads the feedback
     cannot do better than 1/9 and 1/8 there by avoiding its own earlier guesses.
     """
-    return {f"found_turn_{k}": float(found_at == k) for k in range(1, turns + 1)}
+    found_at = guesses.index(secret) + 1 if secret in guesses else 0
+    return {f"found_turn_{k}": float(found_at == k) for k in range(1, len(guesses) + 1)}
 
 
 @register_openai_agent("guess_digit_openai", required_fields=("secret",))
@@ -182,9 +182,8 @@ async def guess_digit_openai(client: Any, row: dict[str, Any], cfg: Any) -> Agen
         if guesses[-1] == secret:
             break
         messages.append({"role": "user", "content": feedback(guesses[-1], secret)})
-    found_at = guesses.index(secret) + 1 if secret in guesses else 0
     reward = game_reward(guesses, secret, float(cfg_get(cfg, "feedback_credit", 0.0)))
-    return AgentResult(reward=reward, metrics=turn_metrics(found_at, len(guesses)))
+    return AgentResult(reward=reward, metrics=turn_metrics(guesses, secret))
 
 
 @register_environment("guess_digit_env")
@@ -207,6 +206,5 @@ class GuessDigitEnv(Environment):
         self.guesses.append(guess)
         if guess != self.secret and len(self.guesses) < self.max_guesses:
             return feedback(guess, self.secret), 0.0, False
-        found_at = len(self.guesses) if guess == self.secret else 0
-        self.metrics = turn_metrics(found_at, len(self.guesses))
+        self.metrics = turn_metrics(self.guesses, self.secret)
         return "", game_reward(self.guesses, self.secret, self.feedback_credit), True
