@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import random
 import signal
 import subprocess
 
-__all__ = ["UID_SPAN", "kill_by_token", "kill_group", "next_run_number", "remove_tree", "uid_base"]
+__all__ = ["UID_SPAN", "kill_by_token", "kill_group", "next_run_number", "own_uid_base", "remove_tree", "uid_base"]
 
 UID_SPAN = 1 << 16
 """How many uids the per-run privilege drop draws from."""
@@ -36,6 +37,12 @@ def uid_base(uid_map: str = "/proc/self/uid_map") -> int | None:
     if best is None or best[2] < 4 * UID_SPAN:
         return None
     return best[0] + best[2] - 2 * UID_SPAN
+
+
+@functools.cache
+def own_uid_base() -> int | None:
+    """:func:`uid_base` of this process's own uid map, read once (a process's map never changes)."""
+    return uid_base()
 
 
 def kill_group(pid: int) -> None:

@@ -36,8 +36,8 @@ from lit_agentrl.tools.sandbox.processes import (
     kill_by_token,
     kill_group,
     next_run_number,
+    own_uid_base,
     remove_tree,
-    uid_base,
 )
 from lit_agentrl.tools.sandbox.results import FLOOD_FACTOR, OutputCapture, SandboxResult, failure, result_from_exit
 from lit_agentrl.tools.sandbox.stage import MARKER
@@ -170,13 +170,14 @@ class PythonSandbox:
         missing: list[str] = []
         seccomp_reason, cgroup_reason = seccomp_missing(), cgroup_missing()
         missing += [reason for reason in (seccomp_reason, cgroup_reason) if reason]
+        root = os.geteuid() == 0
         report: dict[str, Any] = {
             "boundary": None,
             "seccomp": seccomp_reason is None,
             "cgroup": None if cgroup_reason else cgroup_version(),
-            "uid_drop": os.geteuid() == 0 and uid_base() is not None,
+            "uid_drop": root and own_uid_base() is not None,
         }
-        if os.geteuid() == 0 and uid_base() is None:
+        if root and own_uid_base() is None:
             missing.append("no range of unused uids to run the code as (the uid map is too small)")
         reason = boundary_missing() or self._probe_run(report)
         if reason:
@@ -190,7 +191,7 @@ class PythonSandbox:
 
     def _reachable_by_others(self) -> bool:
         mounts = interpreter_layout(self.python, self.site_packages)
-        base = uid_base()
+        base = own_uid_base()
         return base is not None and all(reachable_by(base, path) for path in mounts.binds)
 
     def _probe_run(self, report: dict[str, Any]) -> str | None:
@@ -224,14 +225,17 @@ class PythonSandbox:
 
     def _run_uid(self, report: dict[str, Any]) -> int | None:
         """The run's own unprivileged uid (root with a usable uid range), else None."""
-        base = uid_base() if report["uid_drop"] else None
+        base = own_uid_base() if report["uid_drop"] else None
         return None if base is None else base + next_run_number() % UID_SPAN
+
+    def _tasks(self, bwrap: bool) -> int:
+        """Every task a run may have: the interpreter, ``max_processes`` more, and bubblewrap's monitor and PID 1
+        (without bubblewrap the launcher has become the interpreter). The run's cgroup counts them all."""
+        return 1 + self.limits.max_processes + (BWRAP_TASKS if bwrap else 0)
 
     def _task_limit(self, uid: int | None, bwrap: bool) -> int | None:
         """``RLIMIT_NPROC``, which counts every task of the uid: only meaningful for a uid of the run's own."""
-        if uid is None:
-            return None
-        return 1 + self.limits.max_processes + (BWRAP_TASKS if bwrap else 0)
+        return None if uid is None else self._tasks(bwrap)
 
     def _prepare(self, code: str, report: dict[str, Any], probe: bool = False) -> _Run:
         """Everything a run needs, made; on failure, what was made is undone."""
@@ -240,19 +244,17 @@ class PythonSandbox:
         uid = self._run_uid(report)
         token = f"{TOKEN_PREFIX}{os.getpid()}-{next_run_number()}-{random.getrandbits(48):012x}"
         run = _Run(argv=[], cwd="/", env={}, token=token, bwrap=bwrap)
+        memory = int(limits.memory_mb) * 2**20
         try:
             if report["cgroup"]:
-                tasks = (
-                    1 + limits.max_processes + BWRAP_TASKS
-                )  # bwrap's monitor and PID 1, the interpreter, its children
-                run.cgroup = RunCgroup.create(memory_bytes=int(limits.memory_mb) * 2**20, tasks=tasks)
+                run.cgroup = RunCgroup.create(memory_bytes=memory, tasks=self._tasks(bwrap))
             folder = RUN_DIR if bwrap else self._host_folder(code, uid, run)
             filters = [exec_filter()] if bwrap else [boundary_filter(), exec_filter()] if report["seccomp"] else []
             cfg = {
                 "token": token,
                 "dir": folder,
                 "cpu": max(1, math.ceil(limits.cpu_seconds)),
-                "memory": int(limits.memory_mb) * 2**20,
+                "memory": memory,
                 "fsize": int(limits.file_size_mb) * 2**20,
                 "nproc": self._task_limit(uid, bwrap),
                 "site": self.site_packages,
