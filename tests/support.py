@@ -146,6 +146,17 @@ def quick_config(
     return write_config(config, tmp_path / "config.yaml")
 
 
+def short_fit(config: str | Path, model_dir: Path, save_dir: Path, steps: int = 3) -> list[dict]:
+    """``lit-agentrl fit --config config`` on ``model_dir`` for ``steps`` steps (validating at the last), its CSV log
+    in ``save_dir``: its metrics rows (training steps and validations)."""
+    from lit_agentrl.cli import main
+
+    args = ["--model.model_path", str(model_dir), "--trainer.max_steps", str(steps)]
+    args += ["--trainer.val_check_interval", str(steps), "--trainer.enable_progress_bar", "false"]
+    main(["fit", "--config", str(config), *args, "--trainer.logger.init_args.save_dir", str(save_dir)])
+    return read_csv(next(save_dir.rglob("metrics.csv")))
+
+
 def read_csv(path: Path) -> list[dict]:
     with open(path) as f:
         return list(csv.DictReader(f))

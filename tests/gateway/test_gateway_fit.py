@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import REPO_ROOT, read_csv
-
-from lit_agentrl.cli import main
+from support import REPO_ROOT, short_fit
 
 pytestmark = pytest.mark.slow
 
@@ -30,24 +28,7 @@ def deterministic(config: str, tmp_path) -> str:
 
 
 def fit(config: str, model_dir, out) -> list[dict]:
-    main(
-        [
-            "fit",
-            "--config",
-            deterministic(config, out.parent),
-            "--model.model_path",
-            str(model_dir),
-            "--trainer.max_steps",
-            "3",
-            "--trainer.val_check_interval",
-            "3",
-            "--trainer.enable_progress_bar",
-            "false",
-            "--trainer.logger.init_args.save_dir",
-            str(out),
-        ]
-    )
-    rows = read_csv(next(out.rglob("metrics.csv")))
+    rows = short_fit(deterministic(config, out.parent), model_dir, out)
     return [r for r in rows if r.get("rollout/reward_mean")]
 
 

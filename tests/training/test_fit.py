@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from support import REPO_ROOT, quick_config, read_csv
+from support import REPO_ROOT, quick_config, read_csv, short_fit
 from transformers import AutoModelForCausalLM
 
 from lit_agentrl.cli import main
@@ -73,24 +73,7 @@ def test_a_run_without_logger_writes_only_under_outputs(tmp_path, quickstart_mod
 
 def test_multiturn_quickstart_config_plays_whole_games(tmp_path, quickstart_model_dir, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)  # the shipped config names its data and agent YAML from the project root
-    main(
-        [
-            "fit",
-            "--config",
-            "configs/quickstart_multiturn.yaml",
-            "--model.model_path",
-            str(quickstart_model_dir),
-            "--trainer.max_steps",
-            "3",
-            "--trainer.val_check_interval",
-            "3",
-            "--trainer.enable_progress_bar",
-            "false",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path),
-        ]
-    )
-    rows = read_csv(next(tmp_path.rglob("metrics.csv")))
+    rows = short_fit("configs/quickstart_multiturn.yaml", quickstart_model_dir, tmp_path)
     steps = [r for r in rows if r.get("rollout/reward_mean")]
     assert len(steps) == 3
     for row in steps:
