@@ -18,11 +18,15 @@ The tokens trained are the tokens the engine sampled: the gateway records them c
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from lit_agentrl.agents.base import MESSAGES_FIELD, AgentGraph, AgentGraphOutput
+from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.registry import register
 from lit_agentrl.context import current_trajectory
 from lit_agentrl.types import AGENT_METRICS_FIELD
@@ -142,12 +146,6 @@ async def run_command(client: Any, row: dict[str, Any], cfg: Any) -> AgentResult
     ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` pointing at the trajectory's gateway and the row as JSON on stdin.
     Its stdout's last line may be a number (the reward) or a JSON object with ``reward``, ``final_answer`` and
     ``metrics``; otherwise the row's reward function scores the last reply. A non-zero exit fails the trajectory."""
-    import asyncio
-    import json
-    import os
-
-    from lit_agentrl.agents.config import cfg_get
-
     command = cfg_get(cfg, COMMAND_KEY, None)
     if not command or isinstance(command, str) or not all(isinstance(part, str) for part in command):
         raise ValueError(f"openai_command: the agent YAML needs `{COMMAND_KEY}:` as a list of strings, got {command!r}")
@@ -168,8 +166,6 @@ async def run_command(client: Any, row: dict[str, Any], cfg: Any) -> AgentResult
 
 
 def _command_result(stdout: str) -> AgentResult | None:
-    import json
-
     lines = [line for line in stdout.splitlines() if line.strip()]
     if not lines:
         return None
