@@ -11,6 +11,29 @@ AGENT_METRICS_FIELD = "metrics"
 
 
 @dataclass
+class TokenSequence:
+    """A further token-exact sequence of a trajectory, beside its main one: what the model saw and sampled in
+    another context (a history the agent rewrote or compacted, a sub-agent's fresh conversation, another choice of
+    a call with ``n > 1``). Trained like the main sequence, with the trajectory's advantage unless it has a reward of
+    its own and ``model.loss.sequence_rewards`` is ``own``."""
+
+    prompt_ids: list[int]
+    """[P] its prompt's token ids."""
+    all_token_ids: list[int]
+    """[P + R] its prompt then every later token."""
+    loss_mask: list[int]
+    """[P + R] 1 on generated tokens."""
+    response_logprobs: list[float] | None = None
+    """[R] engine log-probs of all_token_ids[P:], 0.0 where loss_mask is 0."""
+    reward: float | None = None
+    """Its own reward, reported by the agent (None: the trajectory's)."""
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
 class Trajectory:
     """One sampled trajectory of one prompt row. Token lists are per trajectory (unpadded).
 
@@ -53,11 +76,30 @@ class Trajectory:
     multi_modal_inputs: dict[str, Any] | None = None
     """A vision-language trajectory's images as the model takes them (``pixel_values`` [N, D], ``image_grid_thw``
     [k, 3]), for the training forward; None for text."""
+    other_sequences: list[TokenSequence] = field(default_factory=list)
+    """Sequences of this trajectory beside the main one (the token lists above), when its model calls formed
+    several contexts; usually none."""
+
+    @property
+    def main_sequence(self) -> TokenSequence:
+        """The token lists above as a :class:`TokenSequence` (its reward: None, the trajectory's)."""
+        return TokenSequence(self.prompt_ids, self.all_token_ids, self.loss_mask, self.response_logprobs)
+
+    @property
+    def sequences(self) -> list[TokenSequence]:
+        """Every token sequence of the trajectory: the main one, then the others."""
+        return [self.main_sequence, *self.other_sequences]
+
+    @property
+    def all_rewards(self) -> list[float]:
+        """Its reward, then those its other sequences have of their own (``model.loss.sequence_rewards: own``):
+        what decides whether its group is flat."""
+        return [self.reward, *(s.reward for s in self.other_sequences if s.reward is not None)]
 
     @property
     def num_generated_tokens(self) -> int:
-        """Tokens the model generated (loss_mask == 1)."""
-        return sum(self.loss_mask)
+        """Tokens the model generated (loss_mask == 1), over all its sequences."""
+        return sum(self.loss_mask) + sum(s.num_generated_tokens for s in self.other_sequences)
 
     @property
     def truncated(self) -> bool:

@@ -15,6 +15,7 @@ from lit_agentrl.agents.chat_model import ChatModel, find_last_ai_index
 from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.drift import count_template_drift
 from lit_agentrl.agents.multimodal import MULTI_MODAL_FIELD, openai_messages
+from lit_agentrl.types import TokenSequence
 
 
 class AgentGraphOutput(BaseModel):
@@ -47,6 +48,10 @@ class AgentGraphOutput(BaseModel):
     """A vision-language trajectory's images as the model takes them: ``{"pixel_values": [N, D],
     "image_grid_thw": [k, 3]}`` (every image of the conversation, in order); the training forward uses them.
     ``pixel_values=`` and ``image_grid_thw=`` (the seed's names) are accepted too and land here."""
+    other_sequences: list[TokenSequence] = Field(default_factory=list)
+    """Further token-exact sequences of the trajectory, when its model calls formed several contexts (a rewritten
+    history, a sub-agent): trained beside the main one, each with the trajectory's advantage, or with its own
+    ``reward`` under ``model.loss.sequence_rewards: own``."""
     pixel_values: Any = Field(default=None, exclude=True)
     image_grid_thw: Any = Field(default=None, exclude=True)
 

@@ -19,7 +19,7 @@ from typing import Literal
 
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.training.correction import CORRECTIONS, LEVELS, MIS_WEIGHTS
-from lit_agentrl.training.losses import ADVANTAGE_STDS, AGGREGATIONS
+from lit_agentrl.training.losses import ADVANTAGE_STDS, AGGREGATIONS, SEQUENCE_REWARDS
 
 LR_SCHEDULES = ("constant", "cosine")
 OLD_LOGPROBS = ("engine", "trainer")
@@ -95,6 +95,9 @@ class Loss:
             tokens', which needs ``aggregation: seq-mean-token-mean``, GSPO's mean over sequences).
         advantage_std: what a group's centred rewards are divided by: ``sample`` (the unbiased n - 1 std, as TRL,
             verl and OpenRLHF do), ``population`` (the n std, as ChatLearn does) or ``none`` (Dr. GRPO).
+        sequence_rewards: how a trajectory whose model calls formed several token sequences is scored: ``shared``
+            (each sequence gets the trajectory's advantage) or ``own`` (each sequence is a member of its group,
+            scored by the reward the agent gave it, else the trajectory's).
         old_logprobs: the PPO ratio's denominator: ``engine`` (the rollout's own log-probs) or ``trainer`` (the
             policy's before the update, with the same micro-batches and packing).
     """
@@ -108,6 +111,7 @@ class Loss:
     norm_length: int | None = None
     policy_ratio: Literal["token", "sequence"] = "token"
     advantage_std: Literal["sample", "population", "none"] = "sample"
+    sequence_rewards: Literal["shared", "own"] = "shared"
     old_logprobs: Literal["engine", "trainer"] = "engine"
 
     def __post_init__(self) -> None:
@@ -138,6 +142,7 @@ class Loss:
                     "by its length)",
                 ),
                 _one_of("model.loss.advantage_std", self.advantage_std, ADVANTAGE_STDS),
+                _one_of("model.loss.sequence_rewards", self.sequence_rewards, SEQUENCE_REWARDS),
                 _one_of("model.loss.old_logprobs", self.old_logprobs, OLD_LOGPROBS),
             ]
         )

@@ -23,7 +23,7 @@ def informative_groups(trajectories: Sequence[Trajectory]) -> list[int]:
     for t in trajectories:
         rewards.setdefault(t.group, set())
         if not t.failed:
-            rewards[t.group].add(t.reward)
+            rewards[t.group].update(t.all_rewards)
     return [group for group, seen in rewards.items() if len(seen) > 1]
 
 

@@ -338,13 +338,14 @@ def _traceback_with_agent_line(exc: BaseException, agent_name: str) -> str:
 
 def check_output(output: AgentGraphOutput) -> None:
     """Raise ``ValueError`` when an output breaks the token invariants the trainer relies on."""
-    n, p = len(output.all_token_ids), len(output.prompt_ids)
-    if len(output.loss_mask) != n:
-        raise ValueError(f"loss_mask has {len(output.loss_mask)} entries for {n} tokens")
-    if output.all_token_ids[:p] != output.prompt_ids or any(output.loss_mask[:p]):
-        raise ValueError("all_token_ids must start with prompt_ids, which carry loss_mask 0")
-    if output.response_logprobs is not None and len(output.response_logprobs) != n - p:
-        raise ValueError(f"response_logprobs has {len(output.response_logprobs)} entries for {n - p} response tokens")
+    check_sequence(output.prompt_ids, output.all_token_ids, output.loss_mask, output.response_logprobs)
+    for index, sequence in enumerate(output.other_sequences):
+        where = f"other_sequences[{index}]: "
+        check_sequence(
+            sequence.prompt_ids, sequence.all_token_ids, sequence.loss_mask, sequence.response_logprobs, where
+        )
+        if sequence.reward is not None and not math.isfinite(sequence.reward):
+            raise ValueError(f"{where}reward must be a finite number, got {sequence.reward}")
     metrics = output.extra_fields.get(AGENT_METRICS_FIELD, {})
     if not isinstance(metrics, Mapping) or not all(
         isinstance(k, str) and isinstance(v, (int, float)) and math.isfinite(v) for k, v in metrics.items()
@@ -352,6 +353,23 @@ def check_output(output: AgentGraphOutput) -> None:
         raise ValueError(
             f"extra_fields[{AGENT_METRICS_FIELD!r}] must map metric names to finite numbers, got {metrics!r}"
         )
+
+
+def check_sequence(
+    prompt_ids: list[int],
+    all_token_ids: list[int],
+    loss_mask: list[int],
+    response_logprobs: list[float] | None,
+    where: str = "",
+) -> None:
+    """Raise ``ValueError`` (prefixed by ``where``) when one token sequence's lists do not line up."""
+    n, p = len(all_token_ids), len(prompt_ids)
+    if len(loss_mask) != n:
+        raise ValueError(f"{where}loss_mask has {len(loss_mask)} entries for {n} tokens")
+    if all_token_ids[:p] != prompt_ids or any(loss_mask[:p]):
+        raise ValueError(f"{where}all_token_ids must start with prompt_ids, which carry loss_mask 0")
+    if response_logprobs is not None and len(response_logprobs) != n - p:
+        raise ValueError(f"{where}response_logprobs has {len(response_logprobs)} entries for {n - p} response tokens")
 
 
 def _to_trajectory(
@@ -374,6 +392,7 @@ def _to_trajectory(
         seconds=seconds,
         messages=extra.pop(MESSAGES_FIELD, None),
         multi_modal_inputs=output.multi_modal_inputs,
+        other_sequences=list(output.other_sequences),
         extra_fields=extra,
     )
 

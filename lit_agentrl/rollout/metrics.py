@@ -81,11 +81,11 @@ class RolloutMetrics(torch.nn.Module):
 
 
 def flat_groups(trajectories: Sequence[Trajectory]) -> list[float]:
-    """1.0 for each prompt group (of two or more successful trajectories) whose rewards are all equal, else 0.0:
-    such a group has zero advantages and teaches nothing."""
+    """1.0 for each prompt group (of two or more rewards: successful trajectories and sequences scored on their own)
+    whose rewards are all equal, else 0.0: such a group has zero advantages and teaches nothing."""
     rewards: dict[int, list[float]] = defaultdict(list)
     for t in trajectories:
-        rewards[t.group].append(t.reward)
+        rewards[t.group] += t.all_rewards
     return [float(max(r) == min(r)) for r in rewards.values() if len(r) > 1]
 
 

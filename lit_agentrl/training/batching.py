@@ -10,8 +10,8 @@ import torch
 
 from lit_agentrl.config.training import Overlong
 from lit_agentrl.models.processors import mrope_position_ids
-from lit_agentrl.training.losses import grpo_advantages
-from lit_agentrl.types import Trajectory
+from lit_agentrl.training.losses import SEQUENCE_REWARDS, grpo_advantages
+from lit_agentrl.types import TokenSequence, Trajectory
 
 
 @dataclass
@@ -48,46 +48,81 @@ def prepare_samples(
     advantage_std: str = "sample",
     need_rollout_logprobs: bool = True,
     overlong: Overlong | None = None,
+    sequence_rewards: str = "shared",
 ) -> PreparedSamples:
     """Advantages over each prompt group's successful trajectories; failed ones are left out entirely.
 
     With ``need_rollout_logprobs`` (the old log-probs are the engine's) a trajectory whose agent returned no
     ``response_logprobs`` is an error naming the agent; otherwise its old log-probs are left for the trainer.
     ``advantage_std`` is :data:`~lit_agentrl.training.losses.ADVANTAGE_STDS`'s. ``overlong`` says what truncated trajectories
-    get (see :class:`Overlong`; default: trained as they are).
+    get (see :class:`Overlong`; default: trained as they are). Every token sequence of a trajectory becomes a
+    sample; ``sequence_rewards`` (:data:`SEQUENCE_REWARDS`) says how a trajectory of several sequences is scored.
     """
+    if sequence_rewards not in SEQUENCE_REWARDS:
+        raise ValueError(
+            f"model.loss.sequence_rewards must be one of {list(SEQUENCE_REWARDS)}, got {sequence_rewards!r}"
+        )
     overlong = overlong or Overlong()
     ok = [t for t in trajectories if not t.failed and t.num_generated_tokens > 0]
-    missing = sorted({t.agent_name for t in ok if t.response_logprobs is None})
+    missing = sorted({t.agent_name for t in ok for s in t.sequences if s.response_logprobs is None})
     if need_rollout_logprobs and missing:
         raise ValueError(
             f"agent(s) {missing} returned trajectories without response_logprobs, and model.old_logprobs is 'engine': "
             "return the engine's log-probs from the agent (ChatModel does), or set model.old_logprobs: trainer"
         )
+    scored = sorted({t.agent_name for t in ok for s in t.other_sequences if s.reward is not None})
+    if sequence_rewards == "shared" and scored:
+        raise ValueError(
+            f"agent(s) {scored} gave sequences rewards of their own, which model.loss.sequence_rewards: shared would "
+            "not use: set model.loss.sequence_rewards: own, or leave TokenSequence.reward unset"
+        )
     if not ok:
         return PreparedSamples([], 0, 0, len(trajectories))
-    rewards = torch.tensor([t.reward + overlong.penalty(t.num_generated_tokens) for t in ok], dtype=torch.float64)
-    groups = torch.tensor([t.group for t in ok])
-    adv = grpo_advantages(rewards, groups, std=advantage_std)
-    samples = [_shift(t, float(a)) for t, a in zip(ok, adv.advantages.tolist())]
-    for t, sample in zip(ok, samples):  # kept on the trajectory for the trajectory log and the viewer
-        t.advantage = sample.advantage
-    if overlong.mode == "mask":  # in their groups' advantages above, out of the loss (and of its counts) here
-        samples = [sample for t, sample in zip(ok, samples) if not t.truncated]
+    # The members of each group's statistics: a trajectory (shared: all its sequences get its advantage) or, with
+    # ``own``, each of its sequences, scored by its own reward when it has one. The first member of a trajectory
+    # holds its main sequence.
+    members: list[tuple[Trajectory, list[TokenSequence], bool]] = []
+    for t in ok:
+        sequences = t.sequences
+        if sequence_rewards == "shared":
+            members.append((t, sequences, True))
+        else:
+            members += [(t, [s], i == 0) for i, s in enumerate(sequences)]
+    rewards = torch.tensor(
+        [_member_reward(t, sequences[0]) + overlong.penalty(t.num_generated_tokens) for t, sequences, _ in members],
+        dtype=torch.float64,
+    )
+    adv = grpo_advantages(rewards, torch.tensor([t.group for t, _, _ in members]), std=advantage_std)
+    samples: list[TrainingSample] = []
+    for (t, sequences, main), advantage in zip(members, adv.advantages.tolist()):
+        if main:  # kept on the trajectory for the trajectory log and the viewer
+            t.advantage = float(advantage)
+        if overlong.mode == "mask" and t.truncated:  # in their groups' advantages above, out of the loss here
+            continue
+        images = t.multi_modal_inputs if main else None  # an agent's other contexts are text
+        samples += [
+            _shift(s, float(advantage), images if i == 0 else None)
+            for i, s in enumerate(sequences)
+            if s.num_generated_tokens > 0
+        ]
     return PreparedSamples(samples, adv.num_groups, adv.num_flat_groups, len(trajectories) - len(ok))
 
 
-def _shift(t: Trajectory, advantage: float) -> TrainingSample:
-    p = len(t.prompt_ids)
-    rollout = None if t.response_logprobs is None else [0.0] * (p - 1) + list(t.response_logprobs)
+def _member_reward(t: Trajectory, sequence: TokenSequence) -> float:
+    return t.reward if sequence.reward is None else sequence.reward
+
+
+def _shift(sequence: TokenSequence, advantage: float, images: dict[str, Any] | None) -> TrainingSample:
+    ids, p, logprobs = sequence.all_token_ids, len(sequence.prompt_ids), sequence.response_logprobs
+    rollout = None if logprobs is None else [0.0] * (p - 1) + list(logprobs)
     return TrainingSample(
-        input_ids=t.all_token_ids[:-1],
-        targets=t.all_token_ids[1:],
-        loss_mask=t.loss_mask[1:],
-        old_logprobs=list(rollout) if rollout is not None else [0.0] * (len(t.all_token_ids) - 1),
+        input_ids=ids[:-1],
+        targets=ids[1:],
+        loss_mask=sequence.loss_mask[1:],
+        old_logprobs=list(rollout) if rollout is not None else [0.0] * (len(ids) - 1),
         advantage=advantage,
         rollout_logprobs=rollout,
-        multi_modal_inputs=t.multi_modal_inputs,
+        multi_modal_inputs=images,
     )
 
 

@@ -22,6 +22,11 @@ ADVANTAGE_STDS = ("sample", "population", "none")
 ``torch.std`` gives it (TRL, verl, OpenRLHF); ``population``: the n std (ChatLearn's ``np.std``); ``none``: not
 divided, Dr. GRPO."""
 
+SEQUENCE_REWARDS = ("shared", "own")
+"""``model.loss.sequence_rewards``: how a trajectory of several token sequences is scored. ``shared``: it is one
+member of its group, and each of its sequences gets its advantage; ``own``: each sequence is a member, scored by the
+reward the agent gave it (``TokenSequence.reward``), else by the trajectory's."""
+
 
 def grpo_advantages(
     rewards: torch.Tensor, groups: torch.Tensor, std: str = "sample", eps: float = 1e-6

@@ -172,7 +172,11 @@ class GRPOModule(L.LightningModule):
         temperature = batch.rollout.temperature  # the sampler's: log-probs are of the distribution it sampled
         engine_logprobs_needed = self.loss.old_logprobs == "engine" or self.correction is not None
         prepared = prepare_samples(
-            batch.rollout.trajectories, self.loss.advantage_std, engine_logprobs_needed, self.overlong
+            batch.rollout.trajectories,
+            self.loss.advantage_std,
+            engine_logprobs_needed,
+            self.overlong,
+            self.loss.sequence_rewards,
         )
         stats: dict[str, list[float]] = {}
         if self.loss.old_logprobs == "trainer" and not self.old_logprobs_from_update:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lit_agentrl.rows import row_ground_truth, row_prompt
-from lit_agentrl.types import Trajectory
+from lit_agentrl.types import TokenSequence, Trajectory
 
 FORMAT_VERSION = 1
 RECORD_KEY = ("split", "step", "rank", "batch", "group", "sample")
@@ -65,11 +65,26 @@ def trajectory_record(
         "truncated": t.truncated,
         "seconds": round(t.seconds, 3),
         "extra": {k: v for k, v in t.extra_fields.items() if k != "messages"},
+        "other_sequences": [_sequence_record(s, tokens) for s in t.other_sequences],
     }
     if tokens:
         record["token_ids"] = list(t.all_token_ids)
         record["loss_mask"] = list(t.loss_mask)
-        record["logprobs"] = aligned_logprobs(t)
+        record["logprobs"] = aligned_logprobs(t.main_sequence)
+    return record
+
+
+def _sequence_record(sequence: TokenSequence, tokens: bool) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "prompt_tokens": len(sequence.prompt_ids),
+        "generated_tokens": sequence.num_generated_tokens,
+        "total_tokens": len(sequence.all_token_ids),
+        "reward": sequence.reward,
+    }
+    if tokens:
+        record["token_ids"] = list(sequence.all_token_ids)
+        record["loss_mask"] = list(sequence.loss_mask)
+        record["logprobs"] = aligned_logprobs(sequence)
     return record
 
 
@@ -80,7 +95,7 @@ def _prompt(row: Mapping[str, Any]) -> Any:
         return None
 
 
-def aligned_logprobs(t: Trajectory) -> list[float | None]:
+def aligned_logprobs(t: TokenSequence) -> list[float | None]:
     """``response_logprobs`` aligned with ``all_token_ids`` (rounded): None on the prompt and on tokens not generated."""
     prompt, logprobs = len(t.prompt_ids), t.response_logprobs
     if logprobs is None:

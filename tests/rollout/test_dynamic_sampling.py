@@ -34,6 +34,14 @@ def test_informative_groups_ignore_failed_trajectories():
     assert informative_groups([ok, failed, Trajectory(1, 0, "a", reward=0.0), Trajectory(1, 1, "a", reward=1.0)]) == [1]
 
 
+def test_a_sequence_scored_on_its_own_makes_its_group_informative():
+    from lit_agentrl.types import TokenSequence
+
+    scored = Trajectory(0, 0, "a", reward=1.0, other_sequences=[TokenSequence([1], [1, 2], [0, 1], [0.0], reward=0.0)])
+    assert informative_groups([scored, Trajectory(0, 1, "a", reward=1.0)]) == [0]
+    assert informative_groups([Trajectory(0, 0, "a", reward=1.0), Trajectory(0, 1, "a", reward=1.0)]) == []
+
+
 def test_extra_rounds_until_the_step_has_its_informative_groups():
     rows = [{"name": n} for n in ("flat0", "a", "flat1", "b")]
     extras = iter([[{"name": "flat2"}, {"name": "c"}, {"name": "flat3"}, {"name": "flat4"}], [{"name": "d"}] * 4])
