@@ -29,7 +29,8 @@ from lit_agentrl.agents.base import MESSAGES_FIELD, AgentGraph, AgentGraphOutput
 from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.registry import register
 from lit_agentrl.context import current_trajectory
-from lit_agentrl.types import AGENT_METRICS_FIELD
+from lit_agentrl.gateway.session import GatewaySession
+from lit_agentrl.types import AGENT_METRICS_FIELD, TokenSequence
 
 __all__ = ["AgentResult", "OpenAIClientAgent", "register_openai_agent"]
 
@@ -44,6 +45,10 @@ class AgentResult:
     """The text the reward function scores (default: the model's last reply)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Numbers logged as ``agent/<agent>/<name>``."""
+    sequence_rewards: dict[str, float] = field(default_factory=dict)
+    """Rewards of their own for the token sequences of a trajectory whose calls formed several (see
+    ``model.loss.sequence_rewards: own``), each named by a reply it holds: the response's ``id`` (its first choice)
+    or ``<id>/<choice index>``. A sequence not named gets the trajectory's reward."""
 
 
 AgentFunction = Callable[[Any, dict[str, Any], Any], Awaitable["float | AgentResult | None"]]
@@ -77,42 +82,77 @@ class OpenAIClientAgent(AgentGraph):
             gateway.close_session(session)
         return self._output(session, result)
 
-    def _output(self, session: Any, result: float | AgentResult | None) -> AgentGraphOutput:
-        if not session.samples:
+    def _output(self, session: GatewaySession, result: float | AgentResult | None) -> AgentGraphOutput:
+        if session.last is None:
             raise ValueError(f"agent {self.agent_name!r} made no model call through its client")
-        if len(session.samples) > 1:
-            raise ValueError(
-                f"agent {self.agent_name!r}: its calls formed {len(session.samples)} separate conversations (a "
-                "rewritten history or a fresh context); training several samples per trajectory is not built yet"
+        result = self._result(result)
+        main = session.last  # the sample of the latest reply, whose text the reward function scores
+        rewards = self._sequence_rewards(session, result.sequence_rewards)
+        others = [
+            TokenSequence(
+                list(sample.token_ids[: sample.prompt_length]),
+                list(sample.token_ids),
+                list(sample.loss_mask),
+                list(sample.logprobs[sample.prompt_length :]),
+                rewards.get(index),
             )
-        if not isinstance(result, AgentResult):
-            if result is not None and not isinstance(result, (int, float)):
-                raise TypeError(
-                    f"agent {self.agent_name!r} returned {type(result).__name__}: return a number, an AgentResult "
-                    "or None"
-                )
-            result = AgentResult(reward=None if result is None else float(result))
-        sample = session.samples[0]
-        prompt = sample.prompt_length
-        text = self.tokenizer.decode(sample.token_ids[prompt:])
+            for index, sample in enumerate(session.samples)
+            if sample is not main
+        ]
+        prompt = main.prompt_length
         extra: dict[str, Any] = {
-            "num_model_turns": sample.num_model_turns,
-            "num_tool_calls": sample.num_tool_calls,
-            "finish_reason": sample.finish_reason,
-            MESSAGES_FIELD: sample.messages,
+            "num_model_turns": sum(sample.num_model_turns for sample in session.samples),
+            "num_tool_calls": sum(sample.num_tool_calls for sample in session.samples),
+            "finish_reason": main.finish_reason,
+            MESSAGES_FIELD: main.messages,
         }
-        if result.metrics:
-            extra[AGENT_METRICS_FIELD] = dict(result.metrics)
+        metrics = dict(result.metrics)
+        if session.forced_calls:
+            metrics.setdefault("tool_choice_unmet", float(session.unmet_tool_choices))
+        if metrics:
+            extra[AGENT_METRICS_FIELD] = metrics
+        if session.samples.index(main) in rewards:
+            raise ValueError(
+                f"agent {self.agent_name!r}: sequence_rewards names the main sequence (that of the latest reply), "
+                "which the trajectory's reward scores: return its reward as the reward"
+            )
+        text = self.tokenizer.decode(main.token_ids[prompt:]) if result.final_answer is None else result.final_answer
         return AgentGraphOutput(
-            str_output=result.final_answer if result.final_answer is not None else text,
-            prompt_ids=list(sample.token_ids[:prompt]),
-            all_token_ids=list(sample.token_ids),
-            loss_mask=list(sample.loss_mask),
-            response_logprobs=list(sample.logprobs[prompt:]),
+            str_output=text,
+            prompt_ids=list(main.token_ids[:prompt]),
+            all_token_ids=list(main.token_ids),
+            loss_mask=list(main.loss_mask),
+            response_logprobs=list(main.logprobs[prompt:]),
             reward_score=result.reward,
-            num_turns=len(sample.messages),
+            num_turns=len(main.messages),
             extra_fields=extra,
+            other_sequences=others,
         )
+
+    def _result(self, result: float | AgentResult | None) -> AgentResult:
+        if isinstance(result, AgentResult):
+            return result
+        if result is not None and (isinstance(result, bool) or not isinstance(result, (int, float))):
+            raise TypeError(
+                f"agent {self.agent_name!r} returned {type(result).__name__}: return a number, an AgentResult or None"
+            )
+        return AgentResult(reward=None if result is None else float(result))
+
+    def _sequence_rewards(self, session: GatewaySession, named: dict[str, float]) -> dict[int, float]:
+        """``AgentResult.sequence_rewards`` by sample index; a name no sample holds is an error naming the known."""
+        owner = {name: index for index, sample in enumerate(session.samples) for name in sample.completion_ids}
+        rewards: dict[int, float] = {}
+        for name, reward in named.items():
+            if name not in owner:
+                raise ValueError(
+                    f"agent {self.agent_name!r}: sequence_rewards names {name!r}, which is no reply of this "
+                    f"trajectory (its replies: {sorted(owner)[:8]})"
+                )
+            index = owner[name]
+            if index in rewards and rewards[index] != float(reward):
+                raise ValueError(f"agent {self.agent_name!r}: sequence_rewards gives one sequence two rewards")
+            rewards[index] = float(reward)
+        return rewards
 
 
 def register_openai_agent(
@@ -175,11 +215,12 @@ def _command_result(stdout: str) -> AgentResult | None:
         return None
     if isinstance(last, (int, float)) and not isinstance(last, bool):
         return AgentResult(reward=float(last))
-    if isinstance(last, dict) and set(last) <= {"reward", "final_answer", "metrics"}:
+    if isinstance(last, dict) and set(last) <= {"reward", "final_answer", "metrics", "sequence_rewards"}:
         reward = last.get("reward")
         return AgentResult(
             reward=None if reward is None else float(reward),
             final_answer=last.get("final_answer"),
             metrics={str(k): float(v) for k, v in (last.get("metrics") or {}).items()},
+            sequence_rewards={str(k): float(v) for k, v in (last.get("sequence_rewards") or {}).items()},
         )
     return None

@@ -11,7 +11,8 @@ package's own response types (streamed as server-sent events when asked).
 Sampling follows the run's parameters, whatever the request says: the trainer computes log-probs at the run's
 temperature, so a request's ``temperature`` or ``top_p`` that differ are not used (a warning names them once);
 ``max_tokens``/``max_completion_tokens`` may only lower the run's per-turn limit, and ``stop`` strings are
-honoured.
+honoured. ``n`` choices are sampled from the same context, each other than the first into a sample of its own;
+``tool_choice`` ``none`` answers in text, and a forced call the reply did not make is counted, never imposed.
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ from typing import Any
 
 from lit_agentrl.agents.chat_model import ChatModel
 from lit_agentrl.context import TrajectoryContext, enter_trajectory
-from lit_agentrl.gateway.session import GatewaySample, GatewaySession, normalized
+from lit_agentrl.gateway.session import GatewaySample, GatewaySession, flat_text, normalized
 
 __all__ = ["Gateway", "GatewayError"]
 
 log = logging.getLogger(__name__)
 
+MAX_CHOICES = 64
+"""The most choices (``n``) one call may ask for."""
+TEXT_PARTS = ("text", "input_text")
+"""The content parts the gateway renders."""
 IGNORED_SAMPLING = ("temperature", "top_p")
 """Request fields the run's own values override (the trainer's log-probs assume the run's)."""
 
@@ -176,25 +181,53 @@ class Gateway:
     async def complete(self, session: GatewaySession, body: dict[str, Any]) -> Any:
         """One ``chat.completions`` call of ``session``'s trajectory: generated, recorded, answered."""
         messages, tools = _messages(body), body.get("tools") or None
-        if int(body.get("n") or 1) != 1:
-            raise GatewayError(400, "n > 1 is not supported: call once per completion")
+        choices, tool_choice = _choices(body), _tool_choice(body, tools)
         if session.context is not None:
             enter_trajectory(session.context)  # this request's task: the trajectory's tag and sampling params
         params = self._sampling(session, body)
+        sample, suffix = self._sample_for(session, messages, tools)
+        # Choice 0 continues the sample; the others continue copies of it, which become samples of their own.
+        branches = [sample] + [sample.branch() for _ in range(choices - 1)]
+        session.samples += branches[1:]
+        if choices == 1:  # no task to create for the usual call
+            turns = [await self._turn(sample, suffix, tools, params)]
+        else:
+            turns = list(await asyncio.gather(*(self._turn(branch, suffix, tools, params) for branch in branches)))
+        session.calls += 1
+        session.last = sample
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        replies = []
+        for index, (branch, turn) in enumerate(zip(branches, turns)):
+            replies.append(self._record(session, branch, turn, tool_choice))
+            # An agent names a choice by "<id>/<index>", or the first by the response's id alone.
+            branch.completion_ids += (
+                [completion_id, f"{completion_id}/0"] if index == 0 else [f"{completion_id}/{index}"]
+            )
+        return _completion(completion_id, self.chat_model.model_name, replies, turns, body, self.chat_model.tokenizer)
+
+    def _sample_for(
+        self, session: GatewaySession, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[GatewaySample, list[int]]:
+        """The sample the call continues, with its new turns encoded as a suffix, or a new one rendered as sent."""
         found = session.continuation(messages, tools)
         if found is None:
             ids = self.chat_model.render_ids(messages, tools, add_generation_prompt=True)
             sample = GatewaySample(ids, [0] * len(ids), [0.0] * len(ids), len(ids), tools)
-            session.samples.append(sample)
             sample.conversation = [normalized(m) for m in messages]
             sample.messages = list(messages)
-            suffix: list[int] = []
-        else:
-            sample, new = found
-            suffix = self.chat_model.encode_suffix(new, tools, sample.output_ids)
-            sample.conversation += [normalized(m) for m in new]
-            sample.messages += new
-        turn = await self.chat_model.generate_turn(
+            session.samples.append(sample)
+            return sample, []
+        sample, new = found
+        suffix = self.chat_model.encode_suffix(new, tools, sample.output_ids)
+        sample.conversation += [normalized(m) for m in new]
+        sample.messages += new
+        return sample, suffix
+
+    async def _turn(
+        self, sample: GatewaySample, suffix: list[int], tools: list[dict[str, Any]] | None, params: dict[str, Any]
+    ) -> Any:
+        """The model's next turn after ``sample``'s tokens and ``suffix`` (the call's new turns, encoded)."""
+        return await self.chat_model.generate_turn(
             sample.token_ids + suffix,
             sample.loss_mask + [0] * len(suffix),
             sample.logprobs + [0.0] * len(suffix),
@@ -202,8 +235,6 @@ class Gateway:
             tools,
             params,
         )
-        session.calls += 1
-        return self._record(sample, turn, body)
 
     def _sampling(self, session: GatewaySession, body: dict[str, Any]) -> dict[str, Any]:
         run = session.context.sampling_params if session.context is not None else None
@@ -229,18 +260,65 @@ class Gateway:
             params["stop"] = [stop] if isinstance(stop, str) else list(stop)
         return params
 
-    def _record(self, sample: GatewaySample, turn: Any, body: dict[str, Any]) -> Any:
-        """Keep the turn's tokens in ``sample``; the OpenAI response for it."""
+    def _record(self, session: GatewaySession, sample: GatewaySample, turn: Any, tool_choice: Any) -> dict[str, Any]:
+        """Keep the turn's tokens in ``sample``; the reply as an OpenAI assistant message."""
         meta = turn.response_metadata
         sample.token_ids, sample.loss_mask, sample.logprobs = meta["token_ids"], meta["loss_mask"], meta["logprobs"]
         sample.output_ids, sample.finish_reason = meta["output_ids"], meta["finish_reason"]
         sample.num_model_turns += 1
         sample.num_tool_calls += len(turn.tool_calls) + len(turn.invalid_tool_calls)
         sample.raw_texts.append(meta["raw_text"])
-        reply = _reply(turn)
+        reply = _reply(turn, meta["raw_text"] if tool_choice == "none" else None)
+        if tool_choice not in (None, "auto", "none"):
+            self._check_tool_choice(session, reply, tool_choice)
         sample.conversation.append(normalized(reply))
         sample.messages.append(reply)
-        return _completion(self.chat_model.model_name, reply, meta, body, self.chat_model.tokenizer)
+        return reply
+
+    def _check_tool_choice(self, session: GatewaySession, reply: dict[str, Any], tool_choice: Any) -> None:
+        """Count a reply that did not make the tool call ``tool_choice`` asked for (warned about once): the
+        engine samples freely, as the trainer's log-probs assume, so a forced call cannot be imposed."""
+        called = [call["function"]["name"] for call in reply.get("tool_calls") or []]
+        wanted = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+        session.forced_calls += 1
+        if called and (wanted is None or wanted in called):
+            return
+        session.unmet_tool_choices += 1
+        if "tool_choice" not in self._warned:
+            self._warned.add("tool_choice")
+            log.warning(
+                "gateway: a reply did not make the tool call tool_choice=%s asked for; the model samples freely (the "
+                "trainer's log-probs assume it), so such replies are answered as they are and counted in the agent "
+                "metric tool_choice_unmet. Said once.",
+                json.dumps(tool_choice),
+            )
+
+
+def _choices(body: dict[str, Any]) -> int:
+    n = body.get("n")
+    if n is None:
+        return 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
+        raise GatewayError(400, f"n must be an integer from 1 to {MAX_CHOICES}, got {n!r}")
+    return n
+
+
+def _tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> Any:
+    """The request's ``tool_choice``, checked: ``auto``, ``none``, ``required`` or a named function of ``tools``."""
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("auto", "none"):
+        return choice
+    names = [(tool.get("function") or {}).get("name") for tool in tools or []]
+    if choice == "required":
+        if not names:
+            raise GatewayError(400, "tool_choice 'required' needs tools")
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = (choice.get("function") or {}).get("name")
+        if name not in names:
+            raise GatewayError(400, f"tool_choice names the function {name!r}, which is not among the tools {names}")
+        return choice
+    raise GatewayError(400, f"tool_choice must be 'auto', 'none', 'required' or a named function, got {choice!r}")
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -250,11 +328,29 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     for index, message in enumerate(messages):
         if message.get("role") not in ("system", "developer", "user", "assistant", "tool"):
             raise GatewayError(400, f"messages[{index}].role must be system, user, assistant or tool")
-    return [dict(m, role="system") if m["role"] == "developer" else m for m in messages]
+        parts = message.get("content") if isinstance(message.get("content"), list) else []
+        for k, part in enumerate(parts):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind not in TEXT_PARTS:  # never dropped in silence: the model would train on a prompt it never saw
+                raise GatewayError(
+                    400,
+                    f"messages[{index}].content[{k}] is a {kind!r} part: the gateway renders text parts only (a "
+                    "vision-language agent is written as an AgentGraph, whose ChatModel renders images)",
+                )
+    # Text parts become one string (chat templates such as Qwen's take strings); "developer" is "system".
+    return [
+        dict(m, role="system" if m["role"] == "developer" else m["role"], content=flat_text(m.get("content")))
+        if isinstance(m.get("content"), list) or m["role"] == "developer"
+        else m
+        for m in messages
+    ]
 
 
-def _reply(turn: Any) -> dict[str, Any]:
-    """The model's turn as an OpenAI assistant message (tool calls with ids and JSON arguments)."""
+def _reply(turn: Any, raw_text: str | None = None) -> dict[str, Any]:
+    """The model's turn as an OpenAI assistant message (tool calls with ids and JSON arguments); with ``raw_text``
+    (``tool_choice: none``) its text as generated, tool-call markup included, and no calls."""
+    if raw_text is not None:
+        return {"role": "assistant", "content": raw_text}
     reply: dict[str, Any] = {"role": "assistant", "content": turn.content or None}
     calls = [
         {
@@ -275,63 +371,78 @@ def _finish(meta: dict[str, Any], reply: dict[str, Any]) -> str:
     return "tool_calls" if reply.get("tool_calls") else "stop"
 
 
-def _completion(model: str, reply: dict[str, Any], meta: dict[str, Any], body: dict[str, Any], tokenizer: Any) -> Any:
+def _completion(
+    completion_id: str,
+    model: str,
+    replies: list[dict[str, Any]],
+    turns: list[Any],
+    body: dict[str, Any],
+    tokenizer: Any,
+) -> Any:
+    """The ``chat.completion`` of one call: a choice per reply (``n``), usage over them all."""
     from openai.types.chat import ChatCompletion
 
-    output_ids = meta["output_ids"]
-    choice: dict[str, Any] = {"index": 0, "message": reply, "finish_reason": _finish(meta, reply)}
-    if body.get("logprobs"):
-        values = meta["logprobs"][-len(output_ids) :] if output_ids else []
-        choice["logprobs"] = {
-            "content": [
-                {"token": tokenizer.decode([token]), "logprob": value, "bytes": None, "top_logprobs": []}
-                for token, value in zip(output_ids, values)
-            ]
-        }
-    prompt = len(meta["token_ids"]) - len(output_ids)
+    choices, completion_tokens = [], 0
+    for index, (reply, turn) in enumerate(zip(replies, turns)):
+        meta = turn.response_metadata
+        output_ids = meta["output_ids"]
+        completion_tokens += len(output_ids)
+        choice: dict[str, Any] = {"index": index, "message": reply, "finish_reason": _finish(meta, reply)}
+        if body.get("logprobs"):
+            values = meta["logprobs"][-len(output_ids) :] if output_ids else []
+            choice["logprobs"] = {
+                "content": [
+                    {"token": tokenizer.decode([token]), "logprob": value, "bytes": None, "top_logprobs": []}
+                    for token, value in zip(output_ids, values)
+                ]
+            }
+        choices.append(choice)
+    first = turns[0].response_metadata
+    prompt = len(first["token_ids"]) - len(first["output_ids"])
     return ChatCompletion.model_validate(
         {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "id": completion_id,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
-            "choices": [choice],
+            "choices": choices,
             "usage": {
                 "prompt_tokens": prompt,
-                "completion_tokens": len(output_ids),
-                "total_tokens": prompt + len(output_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt + completion_tokens,
             },
         }
     )
 
 
 async def _stream(completion: Any, body: dict[str, Any]) -> AsyncIterator[str]:
-    """The finished completion as server-sent ``chat.completion.chunk`` events (the turn is generated whole)."""
+    """The finished completion as server-sent ``chat.completion.chunk`` events (each turn is generated whole)."""
     from openai.types.chat import ChatCompletionChunk
 
-    choice = completion.choices[0]
-    message = choice.message
-    delta: dict[str, Any] = {"role": "assistant", "content": message.content}
-    if message.tool_calls:
-        delta["tool_calls"] = [
-            {
-                "index": i,
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": call.function.arguments},
-            }
-            for i, call in enumerate(message.tool_calls)
-        ]
     base = {
         "id": completion.id,
         "object": "chat.completion.chunk",
         "created": completion.created,
         "model": completion.model,
     }
-    chunks = [
-        {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
-        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice.finish_reason}]},
-    ]
+    chunks = []
+    for choice in completion.choices:
+        message = choice.message
+        delta: dict[str, Any] = {"role": "assistant", "content": message.content}
+        if message.tool_calls:
+            delta["tool_calls"] = [
+                {
+                    "index": i,
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": call.function.arguments},
+                }
+                for i, call in enumerate(message.tool_calls)
+            ]
+        chunks.append({**base, "choices": [{"index": choice.index, "delta": delta, "finish_reason": None}]})
+        chunks.append(
+            {**base, "choices": [{"index": choice.index, "delta": {}, "finish_reason": choice.finish_reason}]}
+        )
     if (body.get("stream_options") or {}).get("include_usage"):
         chunks.append({**base, "choices": [], "usage": completion.usage.model_dump()})
     for chunk in chunks:

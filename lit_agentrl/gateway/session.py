@@ -17,7 +17,7 @@ from typing import Any
 
 from lit_agentrl.context import TrajectoryContext
 
-__all__ = ["GatewaySample", "GatewaySession", "normalized"]
+__all__ = ["GatewaySample", "GatewaySession", "flat_text", "normalized"]
 
 
 @dataclass
@@ -39,6 +39,24 @@ class GatewaySample:
     num_model_turns: int = 0
     num_tool_calls: int = 0
     raw_texts: list[str] = field(default_factory=list)
+    completion_ids: list[str] = field(default_factory=list)
+    """Names of the replies whose tokens it holds: ``<response id>/<choice index>``, and the response id alone for
+    a first choice (an agent gives a sample a reward of its own by one of them)."""
+
+    def branch(self) -> GatewaySample:
+        """A copy to sample another choice from (``n > 1``): the tokens generated so far stay the original's to
+        train (masked here), so no token is trained twice."""
+        prompt = self.prompt_length
+        return GatewaySample(
+            token_ids=list(self.token_ids),
+            loss_mask=[0] * len(self.token_ids),
+            logprobs=[0.0] * len(self.token_ids),
+            prompt_length=prompt,
+            tools=self.tools,
+            conversation=list(self.conversation),
+            messages=list(self.messages),
+            output_ids=list(self.output_ids),
+        )
 
 
 @dataclass
@@ -48,33 +66,39 @@ class GatewaySession:
     id: str
     context: TrajectoryContext | None
     samples: list[GatewaySample] = field(default_factory=list)
+    last: GatewaySample | None = None
+    """The sample of the latest reply: the trajectory's main sequence."""
     calls: int = 0
+    forced_calls: int = 0
+    """Calls whose ``tool_choice`` asked for a tool call (``required`` or a named function)."""
+    unmet_tool_choices: int = 0
+    """Of those, calls whose reply did not make the call asked for (the engine samples freely)."""
 
     def continuation(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> tuple[GatewaySample, list[dict[str, Any]]] | None:
-        """The sample these messages continue and the messages new to it, or None (a new sample)."""
-        if not self.samples:
-            return None
-        sample = self.samples[-1]
-        seen = len(sample.conversation)
+        """The sample these messages continue (the latest first: a main agent resumes after a sub-agent's calls,
+        an agent picks one of ``n`` choices) and the messages new to it, or None (a new sample)."""
         incoming = [normalized(m) for m in messages]
-        if normalized_tools(tools) != normalized_tools(sample.tools) or len(incoming) <= seen:
-            return None
-        if incoming[:seen] != sample.conversation:
-            return None
-        new = messages[seen:]
-        if any(m.get("role") == "assistant" for m in new):  # a reply the model never gave: a rewritten history
-            return None
-        return sample, new
+        wanted = normalized_tools(tools)
+        for sample in ([self.last] if self.last is not None else []) + self.samples[::-1]:
+            seen = len(sample.conversation)
+            if (
+                wanted != normalized_tools(sample.tools)
+                or len(incoming) <= seen
+                or incoming[:seen] != sample.conversation
+            ):
+                continue
+            new = messages[seen:]
+            if any(m.get("role") == "assistant" for m in new):  # a reply the model never gave: a rewritten history
+                continue
+            return sample, new
+        return None
 
 
 def normalized(message: dict[str, Any]) -> dict[str, Any]:
     """What decides how a message renders: role, text, tool calls (name and parsed arguments), tool call id, name."""
-    content = message.get("content")
-    if isinstance(content, list):  # content parts: their text, in order
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    found: dict[str, Any] = {"role": message.get("role"), "content": content or ""}
+    found: dict[str, Any] = {"role": message.get("role"), "content": flat_text(message.get("content"))}
     calls = message.get("tool_calls") or []
     if calls:
         found["tool_calls"] = [_call(call) for call in calls]
@@ -82,6 +106,14 @@ def normalized(message: dict[str, Any]) -> dict[str, Any]:
         if message.get(key):
             found[key] = message[key]
     return found
+
+
+def flat_text(content: Any) -> str:
+    """A message's content as text: text parts joined by a space, as SGLang flattens them for a chat template that
+    takes strings (Qwen's do); None is empty."""
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return content or ""
 
 
 def _call(call: dict[str, Any]) -> tuple[str, Any]:

@@ -10,45 +10,11 @@ from pathlib import Path
 
 import openai
 import pytest
+from gateway_support import ADD_TOOL, ROW, SAMPLING, Recording, rollout
 from support import tool_call_text
 
 from lit_agentrl import gateway as gateway_module
 from lit_agentrl.agents import AgentResult, register_openai_agent
-from lit_agentrl.engines.base import EngineWrapper
-from lit_agentrl.rollout.manager import RolloutManager
-
-SAMPLING = {"max_new_tokens": 48, "temperature": 1.0}
-ADD_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
-ROW = {
-    "agent_name": "gateway_calculator",
-    "prompt": [{"role": "user", "content": "What is 2 + 3?"}],
-    "ground_truth": "5",
-}
-
-
-class Recording(EngineWrapper):
-    """Keeps every request's input ids and every reply's ids and log-probs, as the engine produced them."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.inputs, self.outputs, self.logprobs = inner, [], [], []
-
-    async def async_generate(self, **kwargs):
-        result = await self.inner.async_generate(**kwargs)
-        self.inputs.append(list(kwargs["input_ids"]))
-        self.outputs.append(list(result["output_ids"]))
-        self.logprobs.append([entry[0] for entry in result["meta_info"]["output_token_logprobs"]])
-        return result
 
 
 @register_openai_agent("gateway_calculator")
@@ -74,14 +40,6 @@ async def rewriter(client: openai.AsyncOpenAI, row: dict, cfg) -> float:
     compacted = [{"role": "user", "content": f"Earlier you said: {first.choices[0].message.content[:10]}. Go on."}]
     await client.chat.completions.create(model="policy", messages=compacted)
     return 1.0
-
-
-def rollout(engine, tokenizer, row: dict, n: int = 1):
-    manager = RolloutManager([engine], tokenizer)
-    try:
-        return manager.generate([row], n_samples=n, sampling_params=SAMPLING)
-    finally:
-        manager.close()
 
 
 def test_an_openai_tool_loop_trains_on_the_sampled_tokens(scripted_engine_factory, tokenizer):
@@ -111,17 +69,24 @@ def test_an_openai_tool_loop_trains_on_the_sampled_tokens(scripted_engine_factor
     assert not gateway_module._gateways  # the manager's close stopped the gateway its agents started
 
 
-def test_a_rewritten_history_is_a_new_sample_and_fails_loudly_until_several_are_trained(
-    scripted_engine_factory, tokenizer
-):
+def test_a_rewritten_history_is_a_second_sequence_of_the_trajectory(scripted_engine_factory, tokenizer):
     engine = Recording(scripted_engine_factory(["I think it is 5.", "Yes, 5."]))
     batch = rollout(engine, tokenizer, {**ROW, "agent_name": "gateway_rewriter"})
     (trajectory,) = batch.trajectories
-    assert trajectory.failed and "2 separate conversations" in trajectory.failure_reason
-    # The second call was rendered from the messages as sent, not appended to the first conversation.
-    second = engine.inputs[1]
-    assert second[: len(engine.inputs[0])] != engine.inputs[0]
-    assert "Earlier you said" in tokenizer.decode(second)
+    assert not trajectory.failed, trajectory.failure_reason
+    # The second call was rendered from the messages as sent, not appended to the first conversation: it is the
+    # main sequence (that of the latest reply), the first conversation another, each with its sampled tokens.
+    first, second = engine.inputs
+    assert second[: len(first)] != first and "Earlier you said" in tokenizer.decode(second)
+    (other,) = trajectory.other_sequences
+    assert trajectory.prompt_ids == second and other.prompt_ids == first
+    assert [t for t, m in zip(trajectory.all_token_ids, trajectory.loss_mask) if m] == engine.outputs[1]
+    assert [t for t, m in zip(other.all_token_ids, other.loss_mask) if m] == engine.outputs[0]
+    assert [lp for lp, m in zip(other.response_logprobs, other.loss_mask[len(first) :]) if m] == pytest.approx(
+        engine.logprobs[0]
+    )
+    assert trajectory.num_model_turns == 2 and other.reward is None
+    assert trajectory.num_generated_tokens == len(engine.outputs[0]) + len(engine.outputs[1])
 
 
 def test_the_official_client_gets_errors_streams_and_models(scripted_engine_factory, tokenizer):
@@ -143,8 +108,12 @@ def test_the_official_client_gets_errors_streams_and_models(scripted_engine_fact
             models = await client.models.list()
             with pytest.raises(openai.AuthenticationError, match="unknown or finished trajectory"):
                 await stranger.chat.completions.create(model="policy", messages=ROW["prompt"])
-            with pytest.raises(openai.BadRequestError, match="n > 1"):
-                await client.chat.completions.create(model="policy", messages=ROW["prompt"], n=2)
+            with pytest.raises(openai.BadRequestError, match="n must be an integer from 1 to 64"):
+                await client.chat.completions.create(model="policy", messages=ROW["prompt"], n=0)
+            image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+            with pytest.raises(openai.BadRequestError, match=r"messages\[0\].content\[1\] is a 'image_url' part"):
+                content = [{"type": "text", "text": "What is this?"}, image]
+                await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": content}])
             with pytest.raises(openai.BadRequestError, match="role"):
                 await client.chat.completions.create(model="policy", messages=[{"role": "robot", "content": "x"}])
             plain = await keyed.chat.completions.create(model="policy", messages=ROW["prompt"], logprobs=True)
