@@ -1,6 +1,7 @@
 """``lit-agentrl fit`` trains an agent written against an OpenAI client, or an environment, exactly as it trains
 the same agent written as a LangGraph graph: the multi-turn quickstart's game three ways, same seed, same metrics
-step by step."""
+step by step. And every kind of client (LangChain, LangGraph's ReAct, the Agents SDK, smolagents, a program, several
+sequences per trajectory) trains through the CLI from one data file."""
 
 from __future__ import annotations
 
@@ -60,3 +61,65 @@ def test_the_game_as_a_client_agent_or_an_environment_trains_like_the_graph(
             assert float(theirs[key]) == pytest.approx(float(ours[key]), abs=1e-6), key
         for turn in (1, 2, 3):
             assert theirs[f"agent/{agent}/found_turn_{turn}"] == ours[f"agent/guess_digit/found_turn_{turn}"]
+
+
+CLIENT_KINDS = (
+    "guess_digit_openai",
+    "kinds_chatopenai",
+    "kinds_react",
+    "kinds_agents_sdk",
+    "kinds_smolagents",
+    "kinds_several_sequences",
+    "openai_command",
+    "guess_digit_env",
+)
+
+
+def client_kinds_config(tmp_path) -> str:
+    """The OpenAI-client quickstart with its rows spread over every kind of client (tests/gateway/client_kinds.py),
+    a program and an environment, and sequences scored on their own."""
+    from client_kinds import PROGRAM
+
+    program = tmp_path / "program.yaml"
+    program.write_text(yaml.safe_dump({"command": PROGRAM}))
+    settings = yaml.safe_load((REPO_ROOT / "configs/quickstart_multiturn_openai.yaml").read_text())
+    rows = [json.loads(line) for line in (REPO_ROOT / "data/quickstart_multiturn_openai/train.jsonl").open()][:16]
+    for index, row in enumerate(rows):
+        row["agent_name"] = CLIENT_KINDS[index % len(CLIENT_KINDS)]
+        if row["agent_name"] == "openai_command":
+            row["agent_cfg_path"] = str(program)
+    data = tmp_path / "kinds.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    settings["data"].update(
+        train_files=str(data),
+        val_files=str(data),
+        prompts_per_step=16,
+        val_prompts_per_step=16,
+        shuffle=False,
+        agent_modules=[str(Path(__file__).with_name("client_kinds.py"))],
+    )
+    settings["model"]["loss"] = {"sequence_rewards": "own"}
+    (rollout,) = [c for c in settings["trainer"]["callbacks"] if c["class_path"].endswith("RolloutCallback")]
+    rollout["init_args"]["n_samples"] = 2
+    path = tmp_path / "kinds.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    return str(path)
+
+
+def test_every_kind_of_client_trains_through_the_cli_in_one_data_file(tmp_path, quickstart_model_dir, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+    rows = short_fit(client_kinds_config(tmp_path), quickstart_model_dir, tmp_path / "kinds", steps=2)
+    steps = [r for r in rows if r.get("rollout/reward_mean")]
+    assert len(steps) == 2
+    for row in steps:
+        assert float(row["rollout/failed"]) == 0.0, row
+        assert float(row["rollout/trajectories"]) == 32.0  # trajectories, not sequences
+        assert abs(float(row["train/loss"])) < 1e3
+    assert [r for r in rows if r.get("val/reward_mean")]
+    log = [json.loads(line) for path in (tmp_path / "kinds").rglob("trajectories/*.jsonl") for line in path.open()]
+    train = [record for record in log if record["split"] == "train"]
+    assert {record["agent_name"] for record in train} == set(CLIENT_KINDS)
+    for record in train:
+        assert not record["failed"] and record["advantage"] is not None, record
+        several = record["agent_name"] == "kinds_several_sequences"
+        assert [s["reward"] is not None for s in record["other_sequences"]] == ([True, True] if several else [])
