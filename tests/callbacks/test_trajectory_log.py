@@ -20,7 +20,7 @@ DOCUMENTED_FIELDS = {
     "v", "step", "split", "rank", "batch", "group", "sample", "agent_name", "data_source", "prompt", "ground_truth",
     "messages", "str_output", "reward", "advantage", "failed", "failure_reason", "failure_traceback",
     "prompt_tokens", "generated_tokens", "total_tokens", "num_turns", "num_model_turns", "num_tool_calls",
-    "truncated", "seconds", "extra", "token_ids", "tokens", "loss_mask", "logprobs",
+    "truncated", "seconds", "extra", "other_sequences", "token_ids", "tokens", "loss_mask", "logprobs",
 }  # fmt: skip
 
 
