@@ -279,3 +279,55 @@ class Compute:
                 _one_of("model.compute.param_dtype", self.param_dtype, PARAM_DTYPES),
             ]
         )
+
+
+LORA_SYNCS = ("merged", "adapter")
+QWEN_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear layer of a Qwen-style decoder block: LoRA's usual targets (``all-linear`` without the head)."""
+
+
+@dataclass(frozen=True)
+class Lora:
+    """Low-rank adapters on a frozen base (``model.lora``; through peft): off unless ``rank`` is set.
+
+    Args:
+        rank: the adapters' rank r (None: full fine-tuning).
+        alpha: the scale's numerator, each adapter's output scaled by alpha / r (None: 2 r, as most recipes do).
+        dropout: dropout on the adapters' input. Keep 0 for RL: dropout in the trainer's forward changes the
+            log-probs the ratio compares with the engine's.
+        target_modules: the linear layers that get adapters (by module name; default every linear layer of a
+            Qwen-style block).
+        base_dtype: the dtype the frozen base is kept in (no fp32 master copy, no optimizer state); the adapters are
+            trained in float32.
+        sync: what the engines get after each step: ``merged`` (the base with the adapters folded in, every
+            weight, as a full push; any engine) or ``adapter`` (the adapters' tensors only, for engines that serve
+            LoRA adapters).
+    """
+
+    rank: int | None = None
+    alpha: int | None = None
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = QWEN_LINEAR_MODULES
+    base_dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    sync: Literal["merged", "adapter"] = "merged"
+
+    def __post_init__(self) -> None:
+        _check(
+            [
+                (self.rank is None or self.rank >= 1, f"model.lora.rank must be >= 1 or null, got {self.rank}"),
+                (self.alpha is None or self.alpha > 0, f"model.lora.alpha must be > 0 or null, got {self.alpha}"),
+                (0 <= self.dropout < 1, f"model.lora.dropout must be in [0, 1), got {self.dropout}"),
+                (bool(self.target_modules), "model.lora.target_modules must name at least one module"),
+                _one_of("model.lora.base_dtype", self.base_dtype, PARAM_DTYPES),
+                _one_of("model.lora.sync", self.sync, LORA_SYNCS),
+            ]
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank is not None
+
+    @property
+    def scale_alpha(self) -> int:
+        """alpha, defaulting to 2 r."""
+        return self.alpha if self.alpha is not None else 2 * (self.rank or 0)

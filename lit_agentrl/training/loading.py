@@ -8,6 +8,7 @@ shard (``set_model_state_dict(..., broadcast_from_rank0=True)``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,16 +71,27 @@ def fully_shard_layers(model: torch.nn.Module, mesh: Any, param_dtype: str) -> N
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def materialize_sharded(models: list[PreTrainedModel], path: str, device: torch.device) -> None:
+def materialize_sharded(
+    models: list[PreTrainedModel],
+    path: str,
+    device: torch.device,
+    prepare: Callable[[PreTrainedModel], Any] | None = None,
+) -> None:
     """Allocate the sharded meta ``models`` on ``device`` and fill them all from one copy of ``path`` on rank 0.
 
     Every rank must call this (the broadcast is collective). Buffers that checkpoints do not hold (rotary
-    ``inv_freq``) are recomputed by transformers' own initialisation of those modules.
+    ``inv_freq``) are recomputed by transformers' own initialisation of those modules. ``prepare`` is applied to
+    rank 0's copy first, as it was to the meta models (LoRA's adapters: their initial values are rank 0's).
     """
     for model in models:
         model.to_empty(device=device)
         _init_non_persistent_buffers(model)
-    full = load_pretrained(path).state_dict() if dist.get_rank() == 0 else {}
+    full: dict[str, torch.Tensor] = {}
+    if dist.get_rank() == 0:
+        loaded = load_pretrained(path)
+        if prepare is not None:
+            prepare(loaded)
+        full = loaded.state_dict()
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     for model in models:
         set_model_state_dict(model, dict(full), options=options)  # it replaces the dict's values with the shards

@@ -7,10 +7,11 @@ the clipped surrogate (optionally with KL to a frozen reference), and one optimi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
 from transformers import PreTrainedModel
 
-from lit_agentrl.config.training import Compute, Correction, Loss, Optimizer, Overlong
+from lit_agentrl.config.training import Compute, Correction, Lora, Loss, Optimizer, Overlong
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.processors import vision_settings
 from lit_agentrl.training.batching import (
@@ -40,6 +41,7 @@ from lit_agentrl.training.batching import (
 from lit_agentrl.training.evaluation import EvalResult, PassAtK
 from lit_agentrl.training.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
 from lit_agentrl.training.logprobs import check_chunked_head, model_token_logprobs, relative_difference
+from lit_agentrl.training.lora import adapters_disabled, add_adapters
 from lit_agentrl.training.losses import LossScale, TokenLogProbs
 from lit_agentrl.training.objective import loss_scale, micro_batch_loss
 from lit_agentrl.types import PromptBatch
@@ -61,6 +63,8 @@ class GRPOModule(L.LightningModule):
             ``lit_agentrl.config.training.Correction``); needs ``loss.old_logprobs: trainer``.
         overlong: what trajectories cut by the length limit get (``lit_agentrl.config.training.Overlong``).
         compute: memory against time (``lit_agentrl.config.training.Compute``).
+        lora: low-rank adapters on a frozen base (``lit_agentrl.config.training.Lora``; off unless ``rank`` is set):
+            only the adapters are trained, and the KL term's reference is the base with the adapters disabled.
         val_pass_k: the k of the validation's ``pass@k``, ``maj@k`` and ``mean@k`` (logged per ``data_source`` and
             written as a table, see ``lit_agentrl.training.evaluation``); default ``[1]``; each at most
             ``RolloutCallback.val_n_samples`` (checked by the callback at setup).
@@ -78,6 +82,7 @@ class GRPOModule(L.LightningModule):
         overlong: Overlong = Overlong(),
         compute: Compute = Compute(),
         val_pass_k: list[int] | None = None,
+        lora: Lora = Lora(),
     ) -> None:
         super().__init__()
         if correction is not None and loss.old_logprobs != "trainer":
@@ -87,7 +92,7 @@ class GRPOModule(L.LightningModule):
             )
         self.model_path = model_path
         self.optimizer, self.loss, self.correction = optimizer, loss, correction
-        self.overlong, self.compute = overlong, compute
+        self.overlong, self.compute, self.lora = overlong, compute, lora
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.model: PreTrainedModel | None = None
@@ -105,29 +110,35 @@ class GRPOModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
-        copies = 2 if self.loss.needs_reference else 1
+        lora = self.lora if self.lora.enabled else None
+        copies = 2 if self.loss.needs_reference and lora is None else 1  # LoRA's reference: the base itself
         if self.device_mesh is None and self.compute.param_dtype != "float32":
             raise UserInputError(
                 f"model.compute.param_dtype={self.compute.param_dtype} is FSDP2's mixed precision, and this run has no device "
                 "mesh: set trainer.strategy to lightning.pytorch.strategies.ModelParallelStrategy (data_parallel_size: "
                 "1 for one device) or model.compute.param_dtype: float32"
             )
+        with_adapters = (lambda model: add_adapters(model, lora)) if lora is not None else None
         if self.device_mesh is None:
             models = [load_pretrained(self.model_path) for _ in range(copies)]
+            if with_adapters is not None:
+                with_adapters(models[0])
             self._prepare(models)
         else:
             # Sharded before any weight is allocated; rank 0 alone reads the checkpoint (see loading.py).
             _check_mesh(self.device_mesh)
             models = [empty_model(self.model_path) for _ in range(copies)]
+            if with_adapters is not None:
+                with_adapters(models[0])
             self._prepare(models)
             for model in models:
                 fully_shard_layers(model, self.device_mesh["data_parallel"], self.compute.param_dtype)
-            materialize_sharded(models, self.model_path, self.device)
+            materialize_sharded(models, self.model_path, self.device, with_adapters)
         self.model = models[0].train()
         if copies == 2:
             self.reference = models[1].requires_grad_(False).eval()
         # Under bf16 the same logits computed two ways differ by rounding (~1e-2); a real fault differs by O(1).
-        tolerance = 1e-3 if self.compute.param_dtype == "float32" else 3e-2
+        tolerance = 1e-3 if self.compute.param_dtype == "float32" and lora is None else 3e-2
         if self.compute.sequence_packing:
             check_packing_support(self.model, tolerance)
         check_chunked_head(self.model, self.compute.logprob_chunk_tokens, tolerance)
@@ -136,6 +147,10 @@ class GRPOModule(L.LightningModule):
         if self.compute.gradient_checkpointing:
             models[0].gradient_checkpointing_enable()
             models[0].config.use_cache = False
+            if (
+                self.lora.enabled
+            ):  # a frozen embedding would leave reentrant checkpoints without a graph to the adapters
+                models[0].enable_input_require_grads()
 
     @property
     def policy(self) -> PreTrainedModel:
@@ -146,7 +161,8 @@ class GRPOModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         u = self.optimizer
-        optimizer = torch.optim.AdamW(self.policy.parameters(), lr=u.lr, betas=u.betas, weight_decay=u.weight_decay)
+        trained = [p for p in self.policy.parameters() if p.requires_grad]  # with LoRA, the adapters alone
+        optimizer = torch.optim.AdamW(trained, lr=u.lr, betas=u.betas, weight_decay=u.weight_decay)
         factor = _schedule(u.lr_schedule, u.warmup_steps, max(1, self._total_optimizer_steps()))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -287,10 +303,19 @@ class GRPOModule(L.LightningModule):
         if self.old_logprobs_from_update:
             micro = micro._replace(old_logprobs=policy.logprobs.detach().to(micro.old_logprobs.dtype))
         reference = None
-        if self.reference is not None:
-            with torch.no_grad():
-                reference = self._token_logprobs(self.reference, micro, temperature, with_entropy=False).logprobs
+        if self.loss.needs_reference:
+            with torch.no_grad(), self._reference() as model:
+                reference = self._token_logprobs(model, micro, temperature, with_entropy=False).logprobs
         return micro_batch_loss(self.loss, self.correction, micro, policy, scale, reference)
+
+    @contextlib.contextmanager
+    def _reference(self) -> Iterator[PreTrainedModel]:
+        """The KL term's reference policy: the frozen copy, or with LoRA the policy's base, adapters disabled."""
+        if self.reference is not None:
+            yield self.reference
+            return
+        with adapters_disabled(self.policy):
+            yield self.policy
 
     def _token_logprobs(
         self, model: PreTrainedModel, micro: MicroBatch, temperature: float, with_entropy: bool
@@ -310,9 +335,9 @@ class GRPOModule(L.LightningModule):
         """A zero loss through the whole model, so a rank with no work still joins FSDP's collectives."""
         ids = torch.full((1, 1), self._pad_id(), dtype=torch.long, device=self.device)
         logits = self.policy(input_ids=ids, use_cache=False).logits
-        if self.reference is not None:
-            with torch.no_grad():
-                self.reference(input_ids=ids, use_cache=False)
+        if self.loss.needs_reference:
+            with torch.no_grad(), self._reference() as model:
+                model(input_ids=ids, use_cache=False)
         return logits.sum() * 0.0
 
     def _clip_gradients(self) -> float:
