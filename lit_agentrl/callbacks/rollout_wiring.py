@@ -13,11 +13,11 @@ from lit_agentrl.callbacks.ranks import TrainerCollective, engine_placement
 from lit_agentrl.callbacks.rollout_checks import check_async, check_module
 from lit_agentrl.config.rollout import EngineSettings
 from lit_agentrl.data import AgentPromptDataModule
-from lit_agentrl.engines import SamplingParams, build_engines
+from lit_agentrl.engines import SamplingParams, build_engines, get_engine_class
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.processors import load_policy_processor, load_tokenizer
 from lit_agentrl.registry import import_modules
-from lit_agentrl.rollout.fleet import EngineFleet
+from lit_agentrl.rollout.fleet import EngineFleet, check_serves_adapters
 from lit_agentrl.rollout.loop import RolloutLoop
 from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.rollout.schedule import AsyncRollouts
@@ -68,9 +68,12 @@ def build_rollout(settings: RolloutSettings, trainer: L.Trainer, module: GRPOMod
     seeds = RolloutSeeds(int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank)
     engine = settings.engine
     import_modules(engine.modules, kind="engine")
+    if module.lora.enabled and module.lora.sync == "adapter":  # before any engine starts
+        check_serves_adapters([get_engine_class(engine.name)])
     engines = build_engines(engine.name, module.model_path, seeds.base, engine_placement(trainer), **engine.kwargs)
     offload = (lambda: _offload_states(trainer, module)) if engine.offloads else None
-    fleet = EngineFleet(engines, engine.sync_bucket_mb << 20, collective, engine.colocate, offload)
+    lora = module.lora if module.lora.enabled else None
+    fleet = EngineFleet(engines, engine.sync_bucket_mb << 20, collective, engine.colocate, offload, lora)
     manager = RolloutManager(
         engines,
         tokenizer,

@@ -114,6 +114,16 @@ class RolloutEngine(abc.ABC):
     # ------------------------------------------------------------------ optional, with defaults
     # (doing nothing is the right default for most of them, hence the empty bodies and B027's noqa)
 
+    serves_lora_adapters: bool = False
+    """Whether :meth:`load_lora_adapter` works (``model.lora.sync: adapter`` needs it of every engine)."""
+
+    def load_lora_adapter(
+        self, named_tensors: list[tuple[str, torch.Tensor]], config: dict[str, Any]
+    ) -> tuple[bool, str]:
+        """Serve the LoRA adapter ``named_tensors`` (peft's saved names) with ``config`` (its
+        ``adapter_config.json``) from now on, replacing the one before; ``(False, message)`` when it cannot."""
+        return False, f"{type(self).__name__} does not serve LoRA adapters: set model.lora.sync: merged"
+
     def begin_weight_update(self) -> None:  # noqa: B027
         """Open a weight-update session around all buckets of one sync (SGLang's); nothing to open by default."""
 
@@ -187,6 +197,15 @@ class EngineWrapper(RolloutEngine):
         flush_cache: bool = True,
     ) -> tuple[bool, str]:
         return self.inner.update_weights_from_tensor(named_tensors, load_format=load_format, flush_cache=flush_cache)
+
+    @property
+    def serves_lora_adapters(self) -> bool:  # type: ignore[override]
+        return self.inner.serves_lora_adapters
+
+    def load_lora_adapter(
+        self, named_tensors: list[tuple[str, torch.Tensor]], config: dict[str, Any]
+    ) -> tuple[bool, str]:
+        return self.inner.load_lora_adapter(named_tensors, config)
 
     def begin_weight_update(self) -> None:
         self.inner.begin_weight_update()

@@ -12,7 +12,9 @@ from collections.abc import Iterator
 
 import torch
 
+from lit_agentrl.config.training import Lora
 from lit_agentrl.engines.base import RolloutEngine
+from lit_agentrl.training.lora import adapter_config, adapter_named_parameters, merged_named_parameters
 
 
 def full_named_parameters(
@@ -53,6 +55,7 @@ def sync_weights(
     engines: list[RolloutEngine],
     bucket_bytes: int = 512 << 20,
     weight_version: int | None = None,
+    lora: Lora | None = None,
 ) -> int:
     """Copy every parameter of ``model`` into each engine; returns the number of tensors gathered.
 
@@ -60,18 +63,17 @@ def sync_weights(
     sending, as a rank whose engine another rank updates). Tensors travel in the engines' ``weight_dtype``. Each engine gets one weight-update session
     (``begin_weight_update``/``end_weight_update``, SGLang's; a no-op elsewhere) around all buckets. Raises
     ``RuntimeError`` with the engine's message when an update fails. ``weight_version`` (training steps in the
-    weights) is set on each engine inside its session, with the weights.
+    weights) is set on each engine inside its session, with the weights. With ``lora`` (the policy's adapters),
+    the engines get the weights with the adapters merged in, or with ``lora.sync: adapter`` the adapters alone.
     """
     for engine in engines:
         engine.begin_weight_update()
     gathered = 0
     try:
-        for bucket in buckets(full_named_parameters(model, push_dtype(engines)), bucket_bytes):
-            for engine in engines:
-                ok, message = engine.update_weights_from_tensor(bucket, flush_cache=False)
-                if not ok:
-                    raise RuntimeError(f"weight sync failed after {gathered} tensors: {message}")
-            gathered += len(bucket)
+        if lora is not None and lora.sync == "adapter":
+            gathered = _push_adapter(model, engines, lora)
+        else:
+            gathered = _push_weights(model, engines, bucket_bytes, lora)
         if weight_version is not None:
             for engine in engines:
                 engine.weight_version = weight_version
@@ -82,3 +84,27 @@ def sync_weights(
         for engine in engines:
             engine.end_weight_update()
     return gathered
+
+
+def _push_weights(model: torch.nn.Module, engines: list[RolloutEngine], bucket_bytes: int, lora: Lora | None) -> int:
+    dtype = push_dtype(engines)
+    named = merged_named_parameters(model, dtype) if lora is not None else full_named_parameters(model, dtype)
+    gathered = 0
+    for bucket in buckets(named, bucket_bytes):
+        for engine in engines:
+            ok, message = engine.update_weights_from_tensor(bucket, flush_cache=False)
+            if not ok:
+                raise RuntimeError(f"weight sync failed after {gathered} tensors: {message}")
+        gathered += len(bucket)
+    return gathered
+
+
+def _push_adapter(model: torch.nn.Module, engines: list[RolloutEngine], lora: Lora) -> int:
+    """The adapters alone (a few MB), in one piece: the engines serve them on their unchanged base."""
+    tensors = list(adapter_named_parameters(model))
+    config = adapter_config(lora)
+    for engine in engines:
+        ok, message = engine.load_lora_adapter(tensors, config)
+        if not ok:
+            raise RuntimeError(f"weight sync of the LoRA adapter failed: {message}")
+    return len(tensors)

@@ -12,8 +12,10 @@ from collections.abc import Callable
 
 import torch
 
+from lit_agentrl.config.training import Lora
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.weight_sync import sync_weights
+from lit_agentrl.errors import UserInputError
 from lit_agentrl.rollout.collective import Collective, SingleProcess
 from lit_agentrl.rollout.colocation import ColocatedCycle
 from lit_agentrl.training.offload import TrainerOffload
@@ -21,6 +23,16 @@ from lit_agentrl.training.offload import TrainerOffload
 OffloadStates = Callable[[], list[TrainerOffload]]
 """The trainer's parts to move to host memory in a colocated window (built on the first window: the model and the
 optimizer exist only once the trainer has set up)."""
+
+
+def check_serves_adapters(engine_classes: list[type[RolloutEngine]]) -> None:
+    """Refuse ``model.lora.sync: adapter`` with engines that cannot serve a LoRA adapter."""
+    refusing = sorted({cls.__name__ for cls in engine_classes if not cls.serves_lora_adapters})
+    if refusing:
+        raise UserInputError(
+            f"model.lora.sync: adapter needs engines that serve LoRA adapters; {refusing} do not: set "
+            "model.lora.sync: merged (every engine takes merged weights) or engine: transformers"
+        )
 
 
 class EngineFleet:
@@ -33,6 +45,8 @@ class EngineFleet:
         colocate: the engines share the trainer's GPU; they are released at once, and each rollout opens a window
             (:class:`~lit_agentrl.rollout.colocation.ColocatedCycle`).
         offload_states: in colocated mode, the trainer's parts to offload in a window (None: they stay).
+        lora: the policy's LoRA settings (None: full weights): pushes merge the adapters in, or with
+            ``sync: adapter`` send them alone, which every engine must serve (checked here).
     """
 
     def __init__(
@@ -42,8 +56,12 @@ class EngineFleet:
         collective: Collective | None = None,
         colocate: bool = False,
         offload_states: OffloadStates | None = None,
+        lora: Lora | None = None,
     ) -> None:
+        if lora is not None and lora.sync == "adapter":
+            check_serves_adapters([type(e) for e in engines if e.owner])
         self.engines = engines
+        self.lora = lora
         self.bucket_bytes = bucket_bytes
         self.collective = collective or SingleProcess()
         self.colocate = colocate
@@ -99,7 +117,7 @@ class EngineFleet:
     def push(self, policy: torch.nn.Module, version: int) -> float:
         """Copy ``policy``'s weights into the owned engines as weight version ``version``; returns the seconds."""
         start = time.perf_counter()
-        sync_weights(policy, self.owned, self.bucket_bytes, version)  # every rank gathers
+        sync_weights(policy, self.owned, self.bucket_bytes, version, self.lora)  # every rank gathers
         if self.shared:  # no rank may generate from a shared engine before its owner has updated it
             self.collective.barrier("rollout_weight_sync")
         self.pushes += 1
