@@ -1,7 +1,9 @@
-"""HFExportCallback: save the policy in Hugging Face format (``save_pretrained``) every N steps and at the end."""
+"""HFExportCallback: save the policy in Hugging Face format (``save_pretrained``) every N steps and at the end; a LoRA
+policy as a peft adapter folder, and on request its merged weights too."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -12,8 +14,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
+from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
+from lit_agentrl.training.lora import adapter_config, adapter_named_parameters, merged_named_parameters
 from lit_agentrl.training.module import GRPOModule
 
 
@@ -24,15 +28,25 @@ class HFExportCallback(Callback):
         dirpath: folder of the exports.
         every_n_steps: export every N optimizer steps (None: only at the end).
         at_end: export when training ends.
+        merge_lora: with ``model.lora``, also write the base with the adapter merged in, under ``<export>/merged``
+            (each export is otherwise a peft adapter folder: ``adapter_config.json``, ``adapter_model.safetensors``
+            and the tokenizer, for ``PeftModel.from_pretrained(base, folder)``, SGLang's ``--lora-paths`` or vLLM).
 
     Under FSDP2 every rank joins the gather of the full weights; rank 0 writes. An export is written to a
     temporary folder and renamed into place, so an interrupted export never leaves a half-written model.
     """
 
-    def __init__(self, dirpath: str = "outputs/hf", every_n_steps: int | None = None, at_end: bool = True) -> None:
+    def __init__(
+        self,
+        dirpath: str = "outputs/hf",
+        every_n_steps: int | None = None,
+        at_end: bool = True,
+        merge_lora: bool = False,
+    ) -> None:
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1 or None, got {every_n_steps}")
         self.dirpath = Path(dirpath)
+        self.merge_lora = merge_lora
         self.every_n_steps = every_n_steps
         self.at_end = at_end
         self._last_exported_step = -1
@@ -53,12 +67,26 @@ class HFExportCallback(Callback):
         """Gather the full weights (all ranks) and save model, config and tokenizer to ``target`` (rank 0)."""
         if not isinstance(pl_module, GRPOModule):
             raise TypeError(f"HFExportCallback exports a GRPOModule's policy, not a {type(pl_module).__name__}")
-        state = _full_state_dict(pl_module.policy)
+        lora = pl_module.lora if pl_module.lora.enabled else None
+        if lora is None:
+            files = {"": _full_state_dict(pl_module.policy)}
+        else:  # gathered on every rank, in the same order
+            files = {"adapter": {name: t.cpu() for name, t in adapter_named_parameters(pl_module.policy)}}
+            if self.merge_lora:
+                files["merged"] = {name: t.cpu() for name, t in merged_named_parameters(pl_module.policy)}
         if trainer.is_global_zero:
             target.parent.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-            pl_module.policy.save_pretrained(staging, state_dict=state)
-            AutoTokenizer.from_pretrained(pl_module.model_path).save_pretrained(staging)
+            tokenizer = AutoTokenizer.from_pretrained(pl_module.model_path)
+            for part, state in files.items():
+                if part == "adapter":
+                    save_file(state, str(staging / "adapter_model.safetensors"))
+                    config = adapter_config(pl_module.lora, base_model=pl_module.model_path)
+                    (staging / "adapter_config.json").write_text(json.dumps(config, indent=2))
+                    tokenizer.save_pretrained(staging)
+                else:  # the model's own folder, or its merged twin (plain names)
+                    pl_module.policy.save_pretrained(staging / part, state_dict=state)
+                    tokenizer.save_pretrained(staging / part)
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staging, target)

@@ -41,7 +41,7 @@ from lit_agentrl.training.batching import (
 from lit_agentrl.training.evaluation import EvalResult, PassAtK
 from lit_agentrl.training.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
 from lit_agentrl.training.logprobs import check_chunked_head, model_token_logprobs, relative_difference
-from lit_agentrl.training.lora import adapters_disabled, add_adapters
+from lit_agentrl.training.lora import adapters_disabled, add_adapters, is_adapter
 from lit_agentrl.training.losses import LossScale, TokenLogProbs
 from lit_agentrl.training.objective import loss_scale, micro_batch_loss
 from lit_agentrl.types import PromptBatch
@@ -431,6 +431,33 @@ class GRPOModule(L.LightningModule):
         return getattr(getattr(self._trainer, "datamodule", None), "reward_fn", None)
 
     # ------------------------------------------------------------------ checkpoint
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """With LoRA, the adapters alone (the frozen base is ``model_path``'s, loaded again on resume): Lightning's
+        checkpoints, sharded or not, hold them and their optimizer state only."""
+        state = super().state_dict(*args, **kwargs)
+        if self.lora.enabled and self.model is not None:
+            prefix = kwargs.get("prefix", "")
+            for key in self._frozen_keys(prefix):
+                state.pop(key, None)
+        return state
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """With LoRA, a checkpoint of the adapters: every trained tensor must be there (the base is not)."""
+        if not (self.lora.enabled and self.model is not None):
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        missing = sorted(set(result.missing_keys) - set(self._frozen_keys()))
+        if strict and (missing or result.unexpected_keys):
+            raise RuntimeError(
+                f"the checkpoint does not fit this LoRA policy (model.lora: rank {self.lora.rank}, target_modules "
+                f"{list(self.lora.target_modules)}): missing {missing[:4]}, unexpected {result.unexpected_keys[:4]}"
+            )
+        return result
+
+    def _frozen_keys(self, prefix: str = "") -> list[str]:
+        """The policy's state-dict keys that are not adapters (tied aliases such as ``lm_head.weight`` included)."""
+        return [f"{prefix}model.{name}" for name in self.policy.state_dict(keep_vars=True) if not is_adapter(name)]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grpo_skipped_steps"] = self.skipped_steps

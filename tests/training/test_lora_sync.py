@@ -78,3 +78,108 @@ def test_the_quickstart_trains_with_lora(tmp_path, quickstart_model_dir, monkeyp
     rows = [r for r in short_fit(config, quickstart_model_dir, tmp_path / "log") if r.get("train/loss")]
     assert len(rows) == 3
     assert all(float(r["rollout/failed"]) == 0.0 and float(r["train/grad_norm"]) > 0 for r in rows)
+
+
+def test_export_writes_a_peft_adapter_and_the_merged_model(tiny_model_dir, tmp_path):
+    from types import SimpleNamespace
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from lit_agentrl.callbacks.export import HFExportCallback
+
+    module = lora_module(str(tiny_model_dir), lora=LORA)
+    trainer = SimpleNamespace(is_global_zero=True, strategy=SimpleNamespace(barrier=lambda name: None))
+    HFExportCallback(str(tmp_path), merge_lora=True).export(trainer, module, tmp_path / "final")
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        policy = module.policy(input_ids=ids).logits
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        adapted = PeftModel.from_pretrained(base, tmp_path / "final")  # peft's own loader, as users load it
+        torch.testing.assert_close(adapted(input_ids=ids).logits, policy)
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "final" / "merged", dtype=torch.float32)
+        torch.testing.assert_close(merged(input_ids=ids).logits, policy, atol=1e-5, rtol=1e-4)
+    assert (tmp_path / "final" / "tokenizer_config.json").exists()
+
+
+@pytest.mark.slow
+def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(tmp_path, quickstart_model_dir):
+    from safetensors.torch import load_file
+    from support import quick_config
+
+    from lit_agentrl.cli import main
+
+    def run(folder: str, *extra: str) -> None:
+        (tmp_path / folder).mkdir(exist_ok=True)
+        callbacks = [
+            {
+                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {"dirpath": str(tmp_path / folder / "ckpt"), "every_n_train_steps": 1, "save_top_k": -1},
+            },
+            {"class_path": "HFExportCallback", "init_args": {"dirpath": str(tmp_path / folder / "hf")}},
+        ]
+        config = quick_config(
+            tmp_path / folder, quickstart_model_dir, 4, callbacks, engine_kwargs={"deterministic": True},
+            enable_checkpointing=True,
+        )  # fmt: skip
+        main(
+            ["fit", "--config", str(config), "--model.lora.rank", "4", "--trainer.enable_progress_bar", "false", *extra]
+        )
+
+    run("straight")
+    checkpoint = torch.load(next((tmp_path / "straight" / "ckpt").glob("*step=2.ckpt")), weights_only=False)
+    assert checkpoint["state_dict"] and all("lora_" in key for key in checkpoint["state_dict"])
+    (optimizer,) = checkpoint["optimizer_states"]
+    assert len(optimizer["state"]) == len(checkpoint["state_dict"])  # Adam's moments of the adapters alone
+    run("resumed", "--ckpt_path", str(next((tmp_path / "straight" / "ckpt").glob("*step=2.ckpt"))))
+    straight, resumed = (
+        load_file(tmp_path / f / "hf" / "final" / "adapter_model.safetensors") for f in ("straight", "resumed")
+    )
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_process_fsdp2_lora_checkpoints_the_adapter_shards_and_resumes_exactly(tmp_path, quickstart_model_dir):
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+    from support import quick_config
+    from torch.distributed.checkpoint import FileSystemReader
+
+    def run(folder: str, *extra: str) -> None:
+        (tmp_path / folder).mkdir(exist_ok=True)
+        callbacks = [
+            {
+                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {"dirpath": str(tmp_path / folder / "ckpt"), "every_n_train_steps": 1, "save_top_k": -1},
+            },
+            {"class_path": "HFExportCallback", "init_args": {"dirpath": str(tmp_path / folder / "hf")}},
+        ]
+        strategy = {
+            "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+            "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
+        }
+        config = quick_config(
+            tmp_path / folder, quickstart_model_dir, 4, callbacks, engine_kwargs={"deterministic": True},
+            devices=2, strategy=strategy, enable_checkpointing=True,
+        )  # fmt: skip
+        command = [sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(config), "--model.lora.rank", "4"]
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        result = subprocess.run([*command, *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+        assert result.returncode == 0, result.stderr[-4000:]
+
+    run("straight")
+    step2 = next((tmp_path / "straight" / "ckpt").glob("*step=2.ckpt"))
+    saved = list(FileSystemReader(str(step2)).read_metadata().state_dict_metadata)
+    weights = [k for k in saved if k.startswith("state_dict.")]
+    assert weights and all("lora_" in k for k in weights)  # the adapters' shards (and their Adam moments) alone
+    assert all("lora_" in k for k in saved if k.startswith("optimizer_0.state."))
+    run("resumed", "--ckpt_path", str(step2))
+    straight, resumed = (
+        load_file(tmp_path / f / "hf" / "final" / "adapter_model.safetensors") for f in ("straight", "resumed")
+    )
+    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
