@@ -92,6 +92,10 @@ class PlanInputs(ModelShapes):
     max_steps: int = -1  # trainer.max_steps (-1: unbounded)
     checkpoint_every_n_steps: int | None = None  # ModelCheckpoint.every_n_train_steps (None: no checkpoints)
     checkpoints_kept: int = -1  # ModelCheckpoint.save_top_k (-1: every one)
+    lora_rank: int = 0  # model.lora.rank (0: full fine-tuning)
+    lora_params: int = 0  # the adapters' parameters, all layers (lora_parameters)
+    lora_base_dtype: str = "bfloat16"  # model.lora.base_dtype: the frozen base's dtype
+    lora_sync: str = "merged"  # model.lora.sync
 
 
 @dataclass
@@ -126,6 +130,27 @@ class MemoryPlan:
         lines.append(f"verdict: {verdict}" + (f": {self.reasons[0]}" if self.reasons else ""))
         lines += [f"  also: {r}" for r in self.reasons[1:]]
         return "\n".join(lines)
+
+
+LORA_MODULE_SHAPES = {
+    "q_proj": lambda x: (x.hidden_size, x.num_heads * x.head_dim),
+    "k_proj": lambda x: (x.hidden_size, x.num_kv_heads * x.head_dim),
+    "v_proj": lambda x: (x.hidden_size, x.num_kv_heads * x.head_dim),
+    "o_proj": lambda x: (x.num_heads * x.head_dim, x.hidden_size),
+    "gate_proj": lambda x: (x.hidden_size, x.intermediate_size),
+    "up_proj": lambda x: (x.hidden_size, x.intermediate_size),
+    "down_proj": lambda x: (x.intermediate_size, x.hidden_size),
+}
+"""(in, out) of each linear of a Qwen-style decoder layer, the modules LoRA may target."""
+
+
+def lora_parameters(shapes: ModelShapes, rank: int, target_modules: tuple[str, ...]) -> int:
+    """The adapters' parameters: r (in + out) per targeted linear, in every layer."""
+    unknown = sorted(set(target_modules) - set(LORA_MODULE_SHAPES))
+    if unknown:
+        raise ValueError(f"model.lora.target_modules {unknown}: the plan knows {sorted(LORA_MODULE_SHAPES)}")
+    per_layer = sum(rank * sum(LORA_MODULE_SHAPES[m](shapes)) for m in target_modules)
+    return per_layer * shapes.num_layers
 
 
 def layer_activation_bytes_per_token(x: PlanInputs) -> int:
@@ -168,15 +193,24 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     b = DTYPE_BYTES[x.param_dtype]
     t, v = x.micro_batch_tokens, x.vocab_size
     reduce_copy = 4 if b < 4 else 0  # FSDP2 casts unsharded gradients to reduce_dtype=float32 to reduce-scatter
+    # With LoRA the base is frozen in its own dtype (no gradients, no AdamW states), only the adapters (a) train in
+    # fp32, and the KL's reference is the base itself (no copy).
+    a = x.lora_params
+    trained = a if a else p
+    reference = x.kl_coef > 0 and not a
     f: dict[str, int] = {}
-    f["parameters (fp32, sharded)"] = 4 * p // n
-    f["gradients (fp32, sharded)"] = 4 * p // n
-    f["AdamW states (2 x fp32, sharded)"] = 8 * p // n
-    f["reference (fp32, sharded)"] = 4 * p // n if x.kl_coef > 0 else 0
-    f["root params gathered (embed+head)"] = x.root_params * b * (2 if x.kl_coef > 0 else 1)
-    f["root grads unsharded"] = x.root_params * b
-    f["layer params gathered (2 layers)"] = 2 * x.layer_params * b
-    f["layer grads unsharded (1 layer)"] = x.layer_params * (b + reduce_copy)
+    if a:
+        f["parameters (frozen base, sharded)"] = DTYPE_BYTES[x.lora_base_dtype] * p // n
+        f["adapters (fp32, sharded)"] = 4 * a // n
+    else:
+        f["parameters (fp32, sharded)"] = 4 * p // n
+    f["gradients (fp32, sharded)"] = 4 * trained // n
+    f["AdamW states (2 x fp32, sharded)"] = 8 * trained // n
+    f["reference (fp32, sharded)"] = 4 * p // n if reference else 0
+    f["root params gathered (embed+head)"] = x.root_params * b * (2 if reference else 1)
+    f["root grads unsharded"] = 0 if a else x.root_params * b
+    f["layer params gathered (2 layers)"] = 2 * (x.layer_params + a // x.num_layers) * b
+    f["layer grads unsharded (1 layer)"] = (a // x.num_layers if a else x.layer_params) * (b + reduce_copy)
     per_layer = layer_activation_bytes_per_token(x)
     outside = outside_layers_activation_bytes_per_token(x)
     f["activations, no checkpointing"] = t * (x.num_layers * per_layer + outside)
@@ -213,9 +247,11 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     if n > 1:  # rank 0 reads one copy for the policy and the reference and broadcasts it (lit_agentrl.training.loading)
         f["host memory at load, rank 0"] = f["host memory at load, per node"] = 4 * p
     else:  # one process loads each model whole
-        f["host memory at load, rank 0"] = f["host memory at load, per node"] = 4 * p * (2 if x.kl_coef > 0 else 1)
+        f["host memory at load, rank 0"] = f["host memory at load, per node"] = 4 * p * (2 if reference else 1)
 
-    sharded = f["parameters (fp32, sharded)"] + f["AdamW states (2 x fp32, sharded)"] + f["reference (fp32, sharded)"]
+    parameters = f.get("parameters (fp32, sharded)", 0) + f.get("parameters (frozen base, sharded)", 0)
+    parameters += f.get("adapters (fp32, sharded)", 0)
+    sharded = parameters + f["AdamW states (2 x fp32, sharded)"] + f["reference (fp32, sharded)"]
     activations = f["activations, checkpointing" if x.gradient_checkpointing else "activations, no checkpointing"]
     trainer_training = (
         sharded
@@ -232,7 +268,7 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
         + f["reference logits"]
     )
     # AdamW (foreach) keeps about one more fp32 shard of temporaries during the step.
-    trainer_optimizer = sharded + f["gradients (fp32, sharded)"] + 4 * p // n
+    trainer_optimizer = sharded + f["gradients (fp32, sharded)"] + 4 * trained // n
     released = x.colocate and x.enable_memory_saver
     engine_in_training = 0 if released else engine_total
     phases: dict[str, int] = {}
@@ -245,11 +281,12 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     # (lit_agentrl.engines.weight_sync).
     offloaded = x.colocate and x.trainer_offloaded
     engine_bytes = DTYPE_BYTES[x.engine_dtype]
-    f["weight push per sync (engine dtype)"] = p * engine_bytes
+    adapter_push = bool(a) and x.lora_sync == "adapter"  # the adapters alone, as trained (fp32)
+    f["weight push per sync (engine dtype)"] = 4 * a if adapter_push else p * engine_bytes
     f["weight-sync bucket and its flattened copy"] = 2 * x.sync_bucket_mb * 2**20
     f["weight-sync largest tensor (fp32 + cast)"] = (4 + engine_bytes) * x.vocab_size * x.hidden_size
     trainer_sync = (
-        (f["parameters (fp32, sharded)"] if offloaded else trainer_idle)
+        (parameters if offloaded else trainer_idle)
         + f["weight-sync bucket and its flattened copy"]
         + f["weight-sync largest tensor (fp32 + cast)"]
     )
@@ -257,7 +294,8 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     # reference (a submodule of the module) whole.
     f["host pinned memory (offload), per rank"] = sharded if offloaded else 0
     f["host pinned memory (offload), per node"] = sharded * x.ranks_per_node if offloaded else 0
-    f["checkpoint on disk, each"] = 12 * p + (4 * p if x.kl_coef > 0 else 0)
+    # A LoRA checkpoint holds the adapters and their AdamW states (GRPOModule.state_dict), not the base.
+    f["checkpoint on disk, each"] = 12 * trained + (4 * p if reference else 0)
     kept = checkpoints_on_disk(x)
     f["checkpoints on disk, all kept"] = f["checkpoint on disk, each"] * kept if kept is not None else 0
     phases["weight sync"] = trainer_sync + (engine_weights if released else engine_total)
@@ -416,4 +454,18 @@ def inputs_from_run(
         # ModelCheckpoint keeps the step interval private; a checkpoint saved by epoch or time is not planned
         checkpoint_every_n_steps=getattr(checkpoint, "_every_n_train_steps", None) or None,
         checkpoints_kept=int(getattr(checkpoint, "save_top_k", -1)),
+        **_lora_inputs(module),
     )
+
+
+def _lora_inputs(module: Any) -> dict[str, Any]:
+    lora = getattr(module, "lora", None)
+    if lora is None or not lora.enabled:
+        return {}
+    shapes = model_shapes(str(module.model_path))
+    return {
+        "lora_rank": int(lora.rank),
+        "lora_params": lora_parameters(shapes, int(lora.rank), tuple(lora.target_modules)),
+        "lora_base_dtype": str(lora.base_dtype),
+        "lora_sync": str(lora.sync),
+    }

@@ -326,3 +326,26 @@ def test_a_tensor_parallel_engine_splits_its_weights_and_kv_cache_over_its_gpus(
     assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2
     assert two.worst_case_tokens == 2 * one.worst_case_tokens
     assert two.kv_capacity_tokens > 2 * one.kv_capacity_tokens  # half the bytes per token, and more room for it
+
+
+def test_qwen3_8b_with_lora_fits_one_gpu_by_hand(qwen3_8b_dir: Path):
+    """configs/qwen3_8b_math_agent_lora.yaml: rank 64 on every linear layer of a frozen bf16 base, one 80 GB GPU."""
+    config = yaml.safe_load((REPO_ROOT / "configs" / "qwen3_8b_math_agent_lora.yaml").read_text())
+    config["model"]["model_path"] = str(qwen3_8b_dir)
+    inputs = inputs_from_config(config)
+    h, i, kv, q = 4096, 12288, 8 * 128, 32 * 128
+    per_layer = 64 * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h))  # q, k and v, o, gate and up, down
+    assert inputs.lora_params == 36 * per_layer == 174_587_904
+    plan = plan_memory(inputs)
+    f = plan.figures
+    assert f["parameters (frozen base, sharded)"] == 2 * inputs.num_params  # bf16, one GPU: no fp32 master copy
+    assert f["gradients (fp32, sharded)"] == 4 * inputs.lora_params and f["AdamW states (2 x fp32, sharded)"] == 8 * (
+        inputs.lora_params
+    )
+    assert f["reference (fp32, sharded)"] == 0 and f["root grads unsharded"] == 0
+    assert f["checkpoint on disk, each"] == 12 * inputs.lora_params  # the adapters and their AdamW states
+    assert plan.fits and plan.phases["training"] < 40 * GB, plan.table()
+    full = plan_memory(replace(inputs, lora_params=0, lora_rank=0))  # the same run without LoRA: 8 GPUs' worth
+    assert not full.fits
+    adapter_sync = plan_memory(replace(inputs, lora_sync="adapter"))
+    assert adapter_sync.figures["weight push per sync (engine dtype)"] == 4 * inputs.lora_params  # 0.7 GB, not 16.4

@@ -119,7 +119,7 @@ def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(tmp_path, quick
             {"class_path": "HFExportCallback", "init_args": {"dirpath": str(tmp_path / folder / "hf")}},
         ]
         config = quick_config(
-            tmp_path / folder, quickstart_model_dir, 4, callbacks, engine_kwargs={"deterministic": True},
+            tmp_path / folder, quickstart_model_dir, 4, callbacks, n_samples=16, engine_kwargs={"deterministic": True},
             enable_checkpointing=True,
         )  # fmt: skip
         main(
@@ -137,6 +137,7 @@ def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(tmp_path, quick
     )
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert any(t.abs().max() > 0 for k, t in straight.items() if "lora_B" in k)  # trained: B left its zero start
 
 
 @pytest.mark.slow
@@ -164,7 +165,7 @@ def test_two_process_fsdp2_lora_checkpoints_the_adapter_shards_and_resumes_exact
             "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
         }
         config = quick_config(
-            tmp_path / folder, quickstart_model_dir, 4, callbacks, engine_kwargs={"deterministic": True},
+            tmp_path / folder, quickstart_model_dir, 4, callbacks, n_samples=16, engine_kwargs={"deterministic": True},
             devices=2, strategy=strategy, enable_checkpointing=True,
         )  # fmt: skip
         command = [sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(config), "--model.lora.rank", "4"]
@@ -183,3 +184,4 @@ def test_two_process_fsdp2_lora_checkpoints_the_adapter_shards_and_resumes_exact
         load_file(tmp_path / f / "hf" / "final" / "adapter_model.safetensors") for f in ("straight", "resumed")
     )
     assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert any(t.abs().max() > 0 for k, t in straight.items() if "lora_B" in k)  # trained: B left its zero start
