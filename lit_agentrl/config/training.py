@@ -318,6 +318,12 @@ class Lora:
                 (self.alpha is None or self.alpha > 0, f"model.lora.alpha must be > 0 or null, got {self.alpha}"),
                 (0 <= self.dropout < 1, f"model.lora.dropout must be in [0, 1), got {self.dropout}"),
                 (bool(self.target_modules), "model.lora.target_modules must name at least one module"),
+                (
+                    not set(self.target_modules) & {"lm_head", "embed_tokens"},
+                    "model.lora.target_modules: the head and the embeddings take no adapters (a tied head shares its "
+                    "weight with the embeddings, and log-probs are computed from the head's weight in chunks); adapt "
+                    f"the decoder layers' linears, e.g. {list(QWEN_LINEAR_MODULES)}",
+                ),
                 _one_of("model.lora.base_dtype", self.base_dtype, PARAM_DTYPES),
                 _one_of("model.lora.sync", self.sync, LORA_SYNCS),
             ]

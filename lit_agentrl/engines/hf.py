@@ -153,6 +153,7 @@ class TransformersEngine(RolloutEngine):
         self.streams = StreamKeys(seed)  # with the trajectory's tag, every request's sampling stream
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * (1 << 20))) if prefix_cache_mb > 0 else None
         self._lora_config: dict[str, Any] | None = None  # the adapter's, once one is served (load_lora_adapter)
+        self._lora_params: dict[str, torch.nn.Parameter] = {}  # its layers' weights, by peft's saved names
         self._tokenizer: Any = None  # loaded for the first request with ``stop`` strings
         self._tokenizer_lock = threading.Lock()  # tokenized on the callers' thread, decoded on the scheduler's
         self.scheduler = Scheduler(
@@ -250,21 +251,25 @@ class TransformersEngine(RolloutEngine):
     ) -> tuple[bool, str]:
         """Serve the adapter from now on: peft's layers are injected into the engine's model on the first call (with
         ``config``), then each call copies the adapter's tensors in, between decode steps."""
-        from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+        from peft import LoraConfig, inject_adapter_in_model
 
-        from lit_agentrl.training.lora import PEFT_PREFIX
+        from lit_agentrl.training.lora import adapter_parameter_names
 
-        state = {name.removeprefix(PEFT_PREFIX): tensor for name, tensor in named_tensors}
         with self.scheduler.step_lock, torch.no_grad():
             if self._lora_config is None:
                 inject_adapter_in_model(LoraConfig(**config), self.model)
                 self.model.to(device=self.device, dtype=self.weight_dtype).requires_grad_(False)
+                params = dict(self.model.named_parameters())
+                self._lora_params = {saved: params[own] for saved, own in adapter_parameter_names(params).items()}
                 self._lora_config = config
             elif config != self._lora_config:
                 return False, "the adapter's config changed since the first push (rank, alpha or target modules)"
-            result: Any = set_peft_model_state_dict(self.model, state)  # torch's load_state_dict result
-            if result.unexpected_keys:
-                return False, f"tensors the engine's adapter does not have: {sorted(result.unexpected_keys)[:4]}"
+            state = dict(named_tensors)
+            if state.keys() != self._lora_params.keys():
+                unknown = sorted(state.keys() ^ self._lora_params.keys())[:4]
+                return False, f"the adapter's tensors do not match the engine's adapter layers: {unknown}"
+            for name, tensor in state.items():
+                self._lora_params[name].copy_(tensor)
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()
         return True, f"loaded the adapter's {len(state)} tensors"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -115,17 +115,27 @@ def merged_named_parameters(
             module = name.removesuffix(".base_layer.weight")
             a = _full(params[f"{module}.lora_A.{ADAPTER}.weight"]).float()
             b = _full(params[f"{module}.lora_B.{ADAPTER}.weight"]).float()
-            tensor = tensor.float() + scales[name] * (b @ a)
+            tensor = torch.addmm(tensor.float(), b, a, alpha=scales[name])
             name = f"{module}.weight"
         out = dtype if dtype is not None else torch.float32
         yield name, tensor.to(out) if tensor.is_floating_point() else tensor
 
 
+def saved_name(name: str) -> str:
+    """A parameter's name as peft saves adapters (``base_model.model.<module>.lora_A.weight``)."""
+    return PEFT_PREFIX + _ADAPTER_PART.sub(r".\1.", name)
+
+
+def adapter_parameter_names(names: Iterable[str]) -> dict[str, str]:
+    """peft's saved name -> the model's own name, for each adapter parameter among ``names``."""
+    return {saved_name(name): name for name in names if is_adapter(name)}
+
+
 def adapter_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The adapters' full tensors under peft's saved names (``base_model.model.<module>.lora_A.weight``)."""
+    """The adapters' full tensors under peft's saved names."""
     for name, param in model.named_parameters():
         if is_adapter(name):
-            yield PEFT_PREFIX + _ADAPTER_PART.sub(r".\1.", name), _full(param)
+            yield saved_name(name), _full(param)
 
 
 def adapter_config(lora: Lora, base_model: str | None = None) -> dict[str, Any]:

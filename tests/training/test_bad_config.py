@@ -11,7 +11,7 @@ from support import quick_config, read_csv
 
 from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.cli import main
-from lit_agentrl.config.training import Compute, Loss, Optimizer
+from lit_agentrl.config.training import Compute, Lora, Loss, Optimizer
 from lit_agentrl.training.module import GRPOModule
 
 
@@ -101,6 +101,10 @@ def test_bad_callback_arguments(kwargs, fragment):
         (lambda: Loss(aggregation="sum"), r"model\.loss\.aggregation"),
         (lambda: Compute(param_dtype="float8"), r"model\.compute\.param_dtype"),
         (lambda: GRPOModule("unused", val_pass_k=[0]), r"model\.val_pass_k"),
+        (lambda: Lora(rank=0), r"model\.lora\.rank must be >= 1"),
+        (lambda: Lora(rank=8, sync="delta"), r"model\.lora\.sync"),
+        (lambda: Lora(rank=8, target_modules=("q_proj", "lm_head")), r"the head and the embeddings take no adapters"),
+        (lambda: Lora(rank=8, dropout=1.0), r"model\.lora\.dropout"),
     ],
 )
 def test_bad_module_arguments(build, fragment):

@@ -185,3 +185,11 @@ def test_two_fsdp2_processes_give_the_one_process_adapter_gradients(tiny_model_d
         torch.testing.assert_close(two["merged"][name], tensor, msg=name)
     assert two["dtypes"] == {torch.bfloat16, torch.float32}
     assert all(torch.isfinite(g).all() and g.dtype == torch.float32 for g in two["mixed"].values())
+
+
+def test_target_modules_the_model_lacks_are_named(tiny_model_dir):
+    from lit_agentrl.errors import UserInputError
+
+    module = GRPOModule(str(tiny_model_dir), lora=Lora(rank=2, target_modules=("qkv_proj",)))
+    with pytest.raises(UserInputError, match=r"model.lora.target_modules=\['qkv_proj'\]"):
+        module.configure_model()
