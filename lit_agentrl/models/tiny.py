@@ -54,9 +54,6 @@ class TinyModelConfig:
     head_dim: int = 32
     max_position_embeddings: int = 4096
     seed: int = 0
-    initializer_range: float = 0.02
-    """The weights' init std. A frozen head (LoRA) can only reach logits of about std x hidden_size: 0.16 gives this
-    64-wide model the logit range a pretrained 4096-wide one has at 0.02."""
     tokenizer: str = "bpe"
     """``bpe``: byte-level BPE, lossless on any text; ``words``: a closed word-level vocabulary
     (:data:`QUICKSTART_WORDS`), small enough for a random model to find rewarded answers by chance."""
@@ -127,7 +124,6 @@ def build_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig) -> Qwe
         head_dim=cfg.head_dim,
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=True,
-        initializer_range=cfg.initializer_range,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
@@ -159,10 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="directory to write the model and tokenizer to")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", choices=["bpe", "words"], default="bpe")
-    parser.add_argument("--initializer-range", type=float, default=0.02, help="the weights' init std")
     args = parser.parse_args(argv)
-    cfg = TinyModelConfig(seed=args.seed, tokenizer=args.tokenizer, initializer_range=args.initializer_range)
-    print(save_tiny_model(args.out, cfg))
+    print(save_tiny_model(args.out, TinyModelConfig(seed=args.seed, tokenizer=args.tokenizer)))
 
 
 if __name__ == "__main__":
