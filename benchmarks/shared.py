@@ -13,3 +13,15 @@ SHARED_MODEL = TinyModelConfig(
     head_dim=64,
 )
 """A 2.5M-parameter Qwen3 (hidden 256, 4 layers, BPE vocabulary of 384): large enough that compute matters on CPU."""
+
+
+def sync_model(hidden: int, layers: int) -> TinyModelConfig:
+    """The weight-sync benchmarks' model: ``layers`` Qwen3 layers of width ``hidden`` (512 x 8: 121 MiB in fp32)."""
+    return TinyModelConfig(
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=hidden // 8,
+    )

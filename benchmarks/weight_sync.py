@@ -14,11 +14,12 @@ import tempfile
 import time
 
 import torch
+from shared import sync_model
 from transformers import AutoModelForCausalLM
 
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.engines.weight_sync import sync_weights
-from lit_agentrl.models.tiny import TinyModelConfig, save_tiny_model
+from lit_agentrl.models.tiny import save_tiny_model
 
 
 def main() -> None:
@@ -29,14 +30,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = TinyModelConfig(
-        hidden_size=args.hidden,
-        intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=args.hidden // 8,
-    )
+    cfg = sync_model(args.hidden, args.layers)
     with tempfile.TemporaryDirectory() as tmp:
         path = str(save_tiny_model(tmp, cfg))
         policy = AutoModelForCausalLM.from_pretrained(path)

@@ -5,6 +5,7 @@ refused at setup; and ``lit-agentrl fit --model.lora.rank 8`` trains the quickst
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,42 +103,53 @@ def test_export_writes_a_peft_adapter_and_the_merged_model(tiny_model_dir, tmp_p
     assert (tmp_path / "final" / "tokenizer_config.json").exists()
 
 
-@pytest.mark.slow
-def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(tmp_path, quickstart_model_dir):
-    from safetensors.torch import load_file
+def resume_run_config(folder: Path, model_dir: Path, **trainer) -> Path:
+    """4 steps of the quickstart's shape with LoRA's adapters trained (16 samples a prompt, so some groups are not
+    flat), a checkpoint every step and an export at the end, admission deterministic (bit-exact resumes)."""
     from support import quick_config
 
+    folder.mkdir(exist_ok=True)
+    callbacks = [
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"dirpath": str(folder / "ckpt"), "every_n_train_steps": 1, "save_top_k": -1},
+        },
+        {"class_path": "HFExportCallback", "init_args": {"dirpath": str(folder / "hf")}},
+    ]
+    engine = {"deterministic": True}
+    return quick_config(
+        folder, model_dir, 4, callbacks, n_samples=16, engine_kwargs=engine, enable_checkpointing=True, **trainer
+    )
+
+
+def assert_same_trained_adapters(straight_dir: Path, resumed_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    straight, resumed = (
+        load_file(d / "hf" / "final" / "adapter_model.safetensors") for d in (straight_dir, resumed_dir)
+    )
+    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert any(t.abs().max() > 0 for k, t in straight.items() if "lora_B" in k)  # trained: B left its zero start
+
+
+@pytest.mark.slow
+def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(tmp_path, quickstart_model_dir):
     from lit_agentrl.cli import main
 
     def run(folder: str, *extra: str) -> None:
-        (tmp_path / folder).mkdir(exist_ok=True)
-        callbacks = [
-            {
-                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                "init_args": {"dirpath": str(tmp_path / folder / "ckpt"), "every_n_train_steps": 1, "save_top_k": -1},
-            },
-            {"class_path": "HFExportCallback", "init_args": {"dirpath": str(tmp_path / folder / "hf")}},
-        ]
-        config = quick_config(
-            tmp_path / folder, quickstart_model_dir, 4, callbacks, n_samples=16, engine_kwargs={"deterministic": True},
-            enable_checkpointing=True,
-        )  # fmt: skip
+        config = resume_run_config(tmp_path / folder, quickstart_model_dir)
         main(
             ["fit", "--config", str(config), "--model.lora.rank", "4", "--trainer.enable_progress_bar", "false", *extra]
         )
 
     run("straight")
-    checkpoint = torch.load(next((tmp_path / "straight" / "ckpt").glob("*step=2.ckpt")), weights_only=False)
+    step2 = next((tmp_path / "straight" / "ckpt").glob("*step=2.ckpt"))
+    checkpoint = torch.load(step2, weights_only=False)
     assert checkpoint["state_dict"] and all("lora_" in key for key in checkpoint["state_dict"])
     (optimizer,) = checkpoint["optimizer_states"]
     assert len(optimizer["state"]) == len(checkpoint["state_dict"])  # Adam's moments of the adapters alone
-    run("resumed", "--ckpt_path", str(next((tmp_path / "straight" / "ckpt").glob("*step=2.ckpt"))))
-    straight, resumed = (
-        load_file(tmp_path / f / "hf" / "final" / "adapter_model.safetensors") for f in ("straight", "resumed")
-    )
-    assert straight.keys() == resumed.keys()
-    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
-    assert any(t.abs().max() > 0 for k, t in straight.items() if "lora_B" in k)  # trained: B left its zero start
+    run("resumed", "--ckpt_path", str(step2))
+    assert_same_trained_adapters(tmp_path / "straight", tmp_path / "resumed")
 
 
 @pytest.mark.slow
@@ -147,27 +159,14 @@ def test_two_process_fsdp2_lora_checkpoints_the_adapter_shards_and_resumes_exact
     import subprocess
     import sys
 
-    from safetensors.torch import load_file
-    from support import quick_config
     from torch.distributed.checkpoint import FileSystemReader
 
     def run(folder: str, *extra: str) -> None:
-        (tmp_path / folder).mkdir(exist_ok=True)
-        callbacks = [
-            {
-                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                "init_args": {"dirpath": str(tmp_path / folder / "ckpt"), "every_n_train_steps": 1, "save_top_k": -1},
-            },
-            {"class_path": "HFExportCallback", "init_args": {"dirpath": str(tmp_path / folder / "hf")}},
-        ]
         strategy = {
             "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
             "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
         }
-        config = quick_config(
-            tmp_path / folder, quickstart_model_dir, 4, callbacks, n_samples=16, engine_kwargs={"deterministic": True},
-            devices=2, strategy=strategy, enable_checkpointing=True,
-        )  # fmt: skip
+        config = resume_run_config(tmp_path / folder, quickstart_model_dir, devices=2, strategy=strategy)
         command = [sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(config), "--model.lora.rank", "4"]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         result = subprocess.run([*command, *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
@@ -180,8 +179,4 @@ def test_two_process_fsdp2_lora_checkpoints_the_adapter_shards_and_resumes_exact
     assert weights and all("lora_" in k for k in weights)  # the adapters' shards (and their Adam moments) alone
     assert all("lora_" in k for k in saved if k.startswith("optimizer_0.state."))
     run("resumed", "--ckpt_path", str(step2))
-    straight, resumed = (
-        load_file(tmp_path / f / "hf" / "final" / "adapter_model.safetensors") for f in ("straight", "resumed")
-    )
-    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
-    assert any(t.abs().max() > 0 for k, t in straight.items() if "lora_B" in k)  # trained: B left its zero start
+    assert_same_trained_adapters(tmp_path / "straight", tmp_path / "resumed")
