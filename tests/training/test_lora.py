@@ -55,7 +55,9 @@ def make_samples(vocab: int, lengths=(5, 7, 3, 9, 31, 40)) -> list[TrainingSampl
 def lora_module(model_dir: str, packing: bool = True, **settings) -> GRPOModule:
     """The LoRA policy, its B set to seeded values (peft starts B at 0, where A would get no gradient)."""
     module = GRPOModule(model_dir, compute=Compute(micro_batch_tokens=BUDGET, sequence_packing=packing), **settings)
-    module.configure_model()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # peft draws A from the global generator: the same adapters whatever ran before
+        module.configure_model()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, param in module.policy.named_parameters():

@@ -18,6 +18,7 @@ from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.rollout.fleet import EngineFleet
+from lit_agentrl.training.lora import adapters_disabled
 
 PROMPT = [5, 9, 11, 3, 7, 21]
 
@@ -33,6 +34,13 @@ def policy_greedy(model: torch.nn.Module, ids: list[int], steps: int) -> tuple[l
     return tokens[len(ids) :], logprobs
 
 
+def scored(model: torch.nn.Module, ids: list[int], tokens: list[int]) -> list[float]:
+    """The log-probs ``model`` gives ``tokens`` after ``ids``, teacher-forced."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids + tokens])).logits[0, len(ids) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens).unsqueeze(-1)).squeeze(-1).tolist()
+
+
 @pytest.mark.parametrize("sync", ["merged", "adapter"])
 def test_the_synced_engine_reproduces_the_policys_greedy_tokens(tiny_model_dir, sync):
     lora = dataclasses.replace(LORA, sync=sync)
@@ -40,15 +48,17 @@ def test_the_synced_engine_reproduces_the_policys_greedy_tokens(tiny_model_dir, 
     engine = TransformersEngine(str(tiny_model_dir), prefix_cache_mb=0)
     try:
         params = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
-        before = engine.generate(input_ids=PROMPT, sampling_params=params)["output_ids"]
         pushed = sync_weights(module.policy, [engine], lora=lora)
         result = engine.generate(input_ids=PROMPT, sampling_params=params, return_logprob=True)
     finally:
         engine.shutdown()
     tokens, logprobs = policy_greedy(module.policy, PROMPT, 12)
-    assert result["output_ids"] == tokens and before != tokens
+    assert result["output_ids"] == tokens
     engine_logprobs = [entry[0] for entry in result["meta_info"]["output_token_logprobs"]]
     assert engine_logprobs == pytest.approx(logprobs, abs=1e-4)
+    with adapters_disabled(module.policy):  # the base scores those tokens otherwise: the push carried the adapters
+        base_logprobs = scored(module.policy, PROMPT, tokens)
+    assert max(abs(a - b) for a, b in zip(base_logprobs, logprobs)) > 1e-2
     layers = module.policy.config.num_hidden_layers
     adapter_tensors = 2 * layers * len(lora.target_modules)
     assert pushed == (adapter_tensors if sync == "adapter" else len(dict(engine.model.named_parameters())))
