@@ -63,6 +63,11 @@ def expected_token_ids(
         tokenizer = tokenizer_of(processor)
     else:
         text = tokenizer.apply_chat_template(rendered, **kwargs)
+    return _spliced(text, generated, tokenizer)
+
+
+def _spliced(text: str, generated: list[list[int]], tokenizer: Any) -> list[int]:
+    """``text``'s ids with each model turn's marker replaced by the ids it generated, verbatim."""
     ids: list[int] = []
     for turn, output_ids in enumerate(generated):
         before, text = text.split(_MARKER.format(turn), 1)
@@ -71,6 +76,31 @@ def expected_token_ids(
             segment = segment[1:]
         ids += segment + output_ids
     return ids
+
+
+def count_openai_drift(
+    messages: Sequence[dict[str, Any]],
+    generated: Sequence[int],
+    outputs: list[list[int]],
+    token_ids: list[int],
+    tokenizer: Any,
+    tools: list[dict] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> int:
+    """:func:`count_template_drift` of a conversation of OpenAI-style dicts (the gateway's): ``generated`` are the
+    indices of the model's replies in ``messages``, ``outputs`` their generated ids, ``token_ids`` the ids
+    accumulated up to the last reply."""
+    if not outputs:
+        raise ValueError("template drift needs a conversation with at least one model turn")
+    positions = list(generated)
+    last = positions[-1]
+    rendered = [
+        {"role": "assistant", "content": _MARKER.format(positions.index(i))} if i in positions else dict(m)
+        for i, m in enumerate(messages[: last + 1])
+    ]
+    kwargs = {"tools": tools, "tokenize": False, "add_generation_prompt": False, **(chat_template_kwargs or {})}
+    expected = _spliced(tokenizer.apply_chat_template(rendered, **kwargs), outputs, tokenizer)
+    return sum(a != b for a, b in zip(token_ids, expected, strict=False)) + abs(len(token_ids) - len(expected))
 
 
 def count_template_drift(

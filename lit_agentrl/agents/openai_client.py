@@ -27,9 +27,10 @@ from typing import Any, ClassVar
 
 from lit_agentrl.agents.base import MESSAGES_FIELD, AgentGraph, AgentGraphOutput
 from lit_agentrl.agents.config import cfg_get
+from lit_agentrl.agents.drift import count_openai_drift
 from lit_agentrl.agents.registry import register
 from lit_agentrl.context import current_trajectory
-from lit_agentrl.gateway.session import GatewaySession
+from lit_agentrl.gateway.session import GatewaySample, GatewaySession
 from lit_agentrl.types import AGENT_METRICS_FIELD, TokenSequence
 
 __all__ = ["AgentResult", "OpenAIClientAgent", "register_openai_agent"]
@@ -106,6 +107,8 @@ class OpenAIClientAgent(AgentGraph):
             "finish_reason": main.finish_reason,
             MESSAGES_FIELD: main.messages,
         }
+        if self.check_template_drift:
+            extra["template_drift"] = sum(self._drift(sample) for sample in session.samples)
         metrics = dict(result.metrics)
         if session.forced_calls:
             metrics.setdefault("tool_choice_unmet", float(session.unmet_tool_choices))
@@ -127,6 +130,13 @@ class OpenAIClientAgent(AgentGraph):
             num_turns=len(main.messages),
             extra_fields=extra,
             other_sequences=others,
+        )
+
+    def _drift(self, sample: GatewaySample) -> int:
+        """Positions where the sample's ids differ from its conversation rendered whole (see ``agents.drift``)."""
+        kwargs = getattr(self.chatmodel, "chat_template_kwargs", None)  # ChatModel's (make_chat_model builds one)
+        return count_openai_drift(
+            sample.messages, sample.replies, sample.outputs, sample.token_ids, self.tokenizer, sample.tools, kwargs
         )
 
     def _result(self, result: float | AgentResult | None) -> AgentResult:

@@ -272,6 +272,8 @@ class Gateway:
         if tool_choice not in (None, "auto", "none"):
             self._check_tool_choice(session, reply, tool_choice)
         sample.conversation.append(normalized(reply))
+        sample.replies.append(len(sample.messages))
+        sample.outputs.append(list(meta["output_ids"]))
         sample.messages.append(reply)
         return reply
 

@@ -39,6 +39,10 @@ class GatewaySample:
     num_model_turns: int = 0
     num_tool_calls: int = 0
     raw_texts: list[str] = field(default_factory=list)
+    replies: list[int] = field(default_factory=list)
+    """Indices in :attr:`messages` of the model's replies (those after the prompt), for the template drift check."""
+    outputs: list[list[int]] = field(default_factory=list)
+    """Each reply's generated ids, in order."""
     completion_ids: list[str] = field(default_factory=list)
     """Names of the replies whose tokens it holds: ``<response id>/<choice index>``, and the response id alone for
     a first choice (an agent gives a sample a reward of its own by one of them)."""
@@ -56,6 +60,8 @@ class GatewaySample:
             conversation=list(self.conversation),
             messages=list(self.messages),
             output_ids=list(self.output_ids),
+            replies=list(self.replies),
+            outputs=list(self.outputs),
         )
 
 

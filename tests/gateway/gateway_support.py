@@ -44,7 +44,8 @@ class Recording(EngineWrapper):
 
 
 def rollout(engine, tokenizer, row: dict, n: int = 1):
-    manager = RolloutManager([engine], tokenizer)
+    """The row's ``n`` trajectories, with the template drift check on (``extra_fields["template_drift"]``)."""
+    manager = RolloutManager([engine], tokenizer, check_template_drift=True)
     try:
         return manager.generate([row], n_samples=n, sampling_params=SAMPLING)
     finally:

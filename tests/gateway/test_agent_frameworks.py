@@ -61,6 +61,7 @@ def _check_token_exact(engine: Recording, trajectory) -> None:
     assert trained == sorted(t for reply in engine.outputs for t in reply)
     for request in engine.inputs:  # each request is a prefix of one of the trajectory's sequences
         assert any(s.all_token_ids[: len(request)] == request for s in sequences)
+    assert trajectory.extra_fields["template_drift"] == 0
 
 
 def test_the_openai_agents_sdk_trains_unchanged(scripted_engine_factory, tokenizer):

@@ -54,6 +54,7 @@ def test_a_subagent_is_a_sequence_of_its_own_and_the_main_conversation_stays_tok
     (subagent,) = trajectory.other_sequences
     assert subagent.prompt_ids == sub and generated(subagent) == engine.outputs[1] and subagent.reward == 0.25
     assert trajectory.num_model_turns == 3 and trajectory.reward == 1.0
+    assert trajectory.extra_fields["template_drift"] == 0  # both sequences, rendered whole, equal their ids
 
 
 def _trajectory(group: int, reward: float, *sequence_rewards: float | None) -> Trajectory:
@@ -109,6 +110,7 @@ def test_n_choices_are_sequences_and_no_token_is_trained_twice(scripted_engine_f
     assert generated(first_choice) == engine.outputs[0]
     assert trained_tokens(trajectory) == Counter(t for reply in engine.outputs for t in reply)
     assert trajectory.num_model_turns == 3 and trajectory.num_tool_calls == 1
+    assert trajectory.extra_fields["template_drift"] == 0
 
 
 @register_openai_agent("gateway_branches_late")
@@ -170,3 +172,18 @@ def test_tool_choice_none_answers_in_text_and_unmet_forced_calls_are_counted(
     assert "tool_calls" not in required and required["content"] == "No tool for me."
     assert trajectory.extra_fields["metrics"] == {"tool_choice_unmet": 1.0}
     assert sum("tool_choice_unmet" in r.message for r in caplog.records) == 1
+
+
+def test_drift_counts_positions_where_the_ids_differ_from_the_conversation_rendered_whole(tokenizer):
+    from lit_agentrl.agents.drift import count_openai_drift
+
+    messages = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}]
+    prompt = tokenizer.encode(
+        tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True, enable_thinking=False),
+        add_special_tokens=False,
+    )
+    reply = [*tokenizer.encode("5", add_special_tokens=False), tokenizer.eos_token_id]
+    kwargs = {"enable_thinking": False}
+    assert count_openai_drift(messages, [1], [reply], prompt + reply, tokenizer, None, kwargs) == 0
+    changed = [*prompt[:-1], prompt[-1] + 1, *reply]  # a prompt token the template would not have written
+    assert count_openai_drift(messages, [1], [reply], changed, tokenizer, None, kwargs) == 1
