@@ -163,3 +163,24 @@ def test_weight_update_changes_greedy_output_to_the_updated_model(contract_engin
     assert not ok and "shape" in message
     original = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     sync_weights(original, [contract_engine])  # leave the module-scoped engine as it was
+
+
+def test_a_lora_policys_merged_weights_make_the_engine_generate_as_the_policy(contract_engine, tiny_model_dir):
+    """``model.lora.sync: merged``, the push every engine takes: each targeted weight with its adapter folded in."""
+    from lit_agentrl.config.training import Lora
+    from lit_agentrl.engines.weight_sync import sync_weights
+    from lit_agentrl.training.lora import add_adapters
+
+    lora = Lora(rank=4, base_dtype="float32")
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(2)
+        add_adapters(policy, lora)
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:  # as after training: B leaves its zero start
+                param.copy_(torch.randn_like(param) * 0.5)
+    (before,) = generate_many(contract_engine, [PROMPTS[1]], GREEDY)
+    sync_weights(policy, [contract_engine], bucket_bytes=64 << 10, lora=lora)
+    (after,) = generate_many(contract_engine, [PROMPTS[1]], GREEDY)
+    assert after["output_ids"] == greedy_reference(policy, PROMPTS[1], 8) != before["output_ids"]
+    sync_weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir), [contract_engine])
