@@ -31,7 +31,7 @@ from lit_agentrl.agents.drift import count_openai_drift
 from lit_agentrl.agents.registry import register
 from lit_agentrl.context import current_trajectory
 from lit_agentrl.gateway.session import GatewaySample, GatewaySession
-from lit_agentrl.types import AGENT_METRICS_FIELD, TokenSequence
+from lit_agentrl.types import AGENT_METRICS_FIELD
 
 __all__ = ["AgentResult", "OpenAIClientAgent", "register_openai_agent"]
 
@@ -89,18 +89,7 @@ class OpenAIClientAgent(AgentGraph):
         result = self._result(result)
         main = session.last  # the sample of the latest reply, whose text the reward function scores
         rewards = self._sequence_rewards(session, result.sequence_rewards)
-        others = [
-            TokenSequence(
-                list(sample.token_ids[: sample.prompt_length]),
-                list(sample.token_ids),
-                list(sample.loss_mask),
-                list(sample.logprobs[sample.prompt_length :]),
-                rewards.get(index),
-            )
-            for index, sample in enumerate(session.samples)
-            if sample is not main
-        ]
-        prompt = main.prompt_length
+        others = [sample.sequence(rewards.get(i)) for i, sample in enumerate(session.samples) if sample is not main]
         extra: dict[str, Any] = {
             "num_model_turns": sum(sample.num_model_turns for sample in session.samples),
             "num_tool_calls": sum(sample.num_tool_calls for sample in session.samples),
@@ -119,13 +108,15 @@ class OpenAIClientAgent(AgentGraph):
                 f"agent {self.agent_name!r}: sequence_rewards names the main sequence (that of the latest reply), "
                 "which the trajectory's reward scores: return its reward as the reward"
             )
-        text = self.tokenizer.decode(main.token_ids[prompt:]) if result.final_answer is None else result.final_answer
+        tokens = main.sequence()
+        response = tokens.all_token_ids[len(tokens.prompt_ids) :]
+        text = self.tokenizer.decode(response) if result.final_answer is None else result.final_answer
         return AgentGraphOutput(
             str_output=text,
-            prompt_ids=list(main.token_ids[:prompt]),
-            all_token_ids=list(main.token_ids),
-            loss_mask=list(main.loss_mask),
-            response_logprobs=list(main.logprobs[prompt:]),
+            prompt_ids=tokens.prompt_ids,
+            all_token_ids=tokens.all_token_ids,
+            loss_mask=tokens.loss_mask,
+            response_logprobs=tokens.response_logprobs,
             reward_score=result.reward,
             num_turns=len(main.messages),
             extra_fields=extra,

@@ -193,7 +193,6 @@ class Gateway:
             turns = [await self._turn(sample, suffix, tools, params)]
         else:
             turns = list(await asyncio.gather(*(self._turn(branch, suffix, tools, params) for branch in branches)))
-        session.calls += 1
         session.last = sample
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         replies = []
@@ -264,10 +263,9 @@ class Gateway:
         """Keep the turn's tokens in ``sample``; the reply as an OpenAI assistant message."""
         meta = turn.response_metadata
         sample.token_ids, sample.loss_mask, sample.logprobs = meta["token_ids"], meta["loss_mask"], meta["logprobs"]
-        sample.output_ids, sample.finish_reason = meta["output_ids"], meta["finish_reason"]
+        sample.finish_reason = meta["finish_reason"]
         sample.num_model_turns += 1
         sample.num_tool_calls += len(turn.tool_calls) + len(turn.invalid_tool_calls)
-        sample.raw_texts.append(meta["raw_text"])
         reply = _reply(turn, meta["raw_text"] if tool_choice == "none" else None)
         if tool_choice not in (None, "auto", "none"):
             self._check_tool_choice(session, reply, tool_choice)

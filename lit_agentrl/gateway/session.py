@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lit_agentrl.context import TrajectoryContext
+from lit_agentrl.types import TokenSequence
 
 __all__ = ["GatewaySample", "GatewaySession", "flat_text", "normalized"]
 
@@ -33,12 +34,9 @@ class GatewaySample:
     """The messages rendered so far, normalized, ending with the model's last reply."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     """The same as the agent sent them (with the replies as returned): the trajectory log's conversation."""
-    output_ids: list[int] = field(default_factory=list)
-    """The last turn's generated ids (a continuation's suffix drops a repeated end-of-turn token)."""
     finish_reason: dict[str, Any] | None = None
     num_model_turns: int = 0
     num_tool_calls: int = 0
-    raw_texts: list[str] = field(default_factory=list)
     replies: list[int] = field(default_factory=list)
     """Indices in :attr:`messages` of the model's replies (those after the prompt), for the template drift check."""
     outputs: list[list[int]] = field(default_factory=list)
@@ -46,6 +44,17 @@ class GatewaySample:
     completion_ids: list[str] = field(default_factory=list)
     """Names of the replies whose tokens it holds: ``<response id>/<choice index>``, and the response id alone for
     a first choice (an agent gives a sample a reward of its own by one of them)."""
+
+    @property
+    def output_ids(self) -> list[int]:
+        """The last reply's generated ids (a continuation's suffix drops a repeated end-of-turn token)."""
+        return self.outputs[-1] if self.outputs else []
+
+    def sequence(self, reward: float | None = None) -> TokenSequence:
+        """Its tokens as a trajectory's :class:`~lit_agentrl.types.TokenSequence` (copies)."""
+        prompt = self.prompt_length
+        ids = list(self.token_ids)
+        return TokenSequence(ids[:prompt], ids, list(self.loss_mask), list(self.logprobs[prompt:]), reward)
 
     def branch(self) -> GatewaySample:
         """A copy to sample another choice from (``n > 1``): the tokens generated so far stay the original's to
@@ -59,7 +68,6 @@ class GatewaySample:
             tools=self.tools,
             conversation=list(self.conversation),
             messages=list(self.messages),
-            output_ids=list(self.output_ids),
             replies=list(self.replies),
             outputs=list(self.outputs),
         )
@@ -74,7 +82,6 @@ class GatewaySession:
     samples: list[GatewaySample] = field(default_factory=list)
     last: GatewaySample | None = None
     """The sample of the latest reply: the trajectory's main sequence."""
-    calls: int = 0
     forced_calls: int = 0
     """Calls whose ``tool_choice`` asked for a tool call (``required`` or a named function)."""
     unmet_tool_choices: int = 0

@@ -147,9 +147,8 @@ class GRPOModule(L.LightningModule):
         if self.compute.gradient_checkpointing:
             models[0].gradient_checkpointing_enable()
             models[0].config.use_cache = False
-            if (
-                self.lora.enabled
-            ):  # a frozen embedding would leave reentrant checkpoints without a graph to the adapters
+            # A frozen embedding would leave reentrant checkpoints without a graph to the adapters.
+            if self.lora.enabled:
                 models[0].enable_input_require_grads()
 
     @property
