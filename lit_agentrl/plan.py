@@ -281,8 +281,8 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     # (lit_agentrl.engines.weight_sync).
     offloaded = x.colocate and x.trainer_offloaded
     engine_bytes = DTYPE_BYTES[x.engine_dtype]
-    adapter_push = bool(a) and x.lora_sync == "adapter"  # the adapters alone, as trained (fp32)
-    f["weight push per sync (engine dtype)"] = 4 * a if adapter_push else p * engine_bytes
+    adapter_push = bool(a) and x.lora_sync == "adapter"  # the adapters alone
+    f["weight push per sync (engine dtype)"] = (a if adapter_push else p) * engine_bytes
     f["weight-sync bucket and its flattened copy"] = 2 * x.sync_bucket_mb * 2**20
     f["weight-sync largest tensor (fp32 + cast)"] = (4 + engine_bytes) * x.vocab_size * x.hidden_size
     trainer_sync = (

@@ -169,9 +169,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_http_server(model_dir: Path, port: int) -> subprocess.Popen:
+def start_http_server(model_dir: Path, port: int, extra_args: Sequence[str] = ()) -> subprocess.Popen:
     """An SGLang server on CPU over ``model_dir`` (run in the SGLang environment), as users launch one (with the
-    environment the README asks for: ``lit_agentrl.engines.sglang.server_env``)."""
+    environment the README asks for: ``lit_agentrl.engines.sglang.server_env``), with ``extra_args`` added."""
     from lit_agentrl.engines.sglang import server_env
 
     env = {
@@ -205,12 +205,15 @@ def start_http_server(model_dir: Path, port: int) -> subprocess.Popen:
         "0",
         "--log-level",
         "warning",
+        *extra_args,
     ]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 @contextmanager
-def running_http_engine(model_dir: Path, timeout_s: float | None = None) -> Iterator[Any]:
+def running_http_engine(
+    model_dir: Path, timeout_s: float | None = None, extra_args: Sequence[str] = ()
+) -> Iterator[Any]:
     """An SGLang server over ``model_dir`` (:func:`start_http_server`) and an ``SGLangHTTPEngine`` on it; both stopped
     afterwards. A server that dies while starting fails with the end of its log; one that never becomes healthy fails
     after ``timeout_s`` (default: the project's own server start limit, generous for a loaded machine)."""
@@ -219,7 +222,7 @@ def running_http_engine(model_dir: Path, timeout_s: float | None = None) -> Iter
 
     timeout_s = STARTUP_TIMEOUT_S if timeout_s is None else timeout_s
     port = free_port()
-    server = start_http_server(model_dir, port)
+    server = start_http_server(model_dir, port, extra_args)
     try:
         try:
             wait_until_healthy(f"http://127.0.0.1:{port}", server, timeout_s=timeout_s)

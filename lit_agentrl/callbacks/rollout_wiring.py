@@ -12,6 +12,7 @@ import lightning as L
 from lit_agentrl.callbacks.ranks import TrainerCollective, engine_placement
 from lit_agentrl.callbacks.rollout_checks import check_async, check_module
 from lit_agentrl.config.rollout import EngineSettings
+from lit_agentrl.config.training import Lora
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.engines import SamplingParams, build_engines, get_engine_class
 from lit_agentrl.errors import UserInputError
@@ -68,9 +69,10 @@ def build_rollout(settings: RolloutSettings, trainer: L.Trainer, module: GRPOMod
     seeds = RolloutSeeds(int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank)
     engine = settings.engine
     import_modules(engine.modules, kind="engine")
+    engine_kwargs = dict(engine.kwargs)
     if module.lora.enabled and module.lora.sync == "adapter":  # before any engine starts
-        check_serves_adapters([get_engine_class(engine.name)])
-    engines = build_engines(engine.name, module.model_path, seeds.base, engine_placement(trainer), **engine.kwargs)
+        engine_kwargs = adapter_serving_kwargs(engine, module.lora)
+    engines = build_engines(engine.name, module.model_path, seeds.base, engine_placement(trainer), **engine_kwargs)
     offload = (lambda: _offload_states(trainer, module)) if engine.offloads else None
     lora = module.lora if module.lora.enabled else None
     fleet = EngineFleet(engines, engine.sync_bucket_mb << 20, collective, engine.colocate, offload, lora)
@@ -91,6 +93,20 @@ def build_rollout(settings: RolloutSettings, trainer: L.Trainer, module: GRPOMod
         check_async(settings.async_rollouts, getattr(trainer, "datamodule", None), module, engines, engine.name)
         manager.start_background()  # refuses engines that cannot generate beside the trainer
     return loop, fleet
+
+
+def adapter_serving_kwargs(engine: EngineSettings, lora: Lora) -> dict[str, Any]:
+    """``engine.kwargs`` with what the engine needs to serve the policy's adapters (``model.lora.sync: adapter``),
+    refusing engines that cannot."""
+    engine_class = get_engine_class(engine.name)
+    check_serves_adapters([engine_class])
+    if engine.colocate and engine_class.release_drops_weights:
+        raise UserInputError(
+            f"model.lora.sync: adapter with RolloutCallback.engine.colocate: engine {engine.name!r} frees its base "
+            "weights in every colocated window, and an adapter push does not bring them back",
+            hint="set model.lora.sync: merged (the merged weights are pushed into each window), or colocate: false",
+        )
+    return {**engine_class.lora_engine_kwargs(lora, engine.kwargs), **engine.kwargs}
 
 
 def steps_left(trainer: L.Trainer) -> int:

@@ -301,7 +301,8 @@ class Lora:
             trained in float32.
         sync: what the engines get after each step: ``merged`` (the base with the adapters folded in, every
             weight, as a full push; any engine) or ``adapter`` (the adapters' tensors only, for engines that serve
-            LoRA adapters).
+            LoRA adapters: the transformers engine, and SGLang, which the trainer starts to serve them; refused with a
+            colocated SGLang, which frees its base in every window).
     """
 
     rank: int | None = None

@@ -24,11 +24,14 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lit_agentrl.engines.placement import EnginePlacement
+
+if TYPE_CHECKING:
+    from lit_agentrl.config.training import Lora
 
 GenerateResult = dict[str, Any]
 
@@ -124,6 +127,20 @@ class RolloutEngine(abc.ABC):
         ``adapter_config.json``) from now on, replacing the one before; ``(False, message)`` when it cannot."""
         return False, f"{type(self).__name__} does not serve LoRA adapters: set model.lora.sync: merged"
 
+    @classmethod
+    def lora_engine_kwargs(cls, lora: Lora, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """``engine.kwargs`` the engine needs to serve ``lora``'s adapters (``model.lora.sync: adapter``), added
+        under the user's own ``engine_kwargs`` (which win); none by default."""
+        return {}
+
+    def lora_serving_problem(self, lora: Lora) -> str | None:
+        """Why this engine, as it runs, cannot serve ``lora``'s adapters (None: it can); asked at setup."""
+        return None if self.serves_lora_adapters else f"{type(self).__name__} does not serve LoRA adapters"
+
+    def follow_lora_adapter(self) -> None:  # noqa: B027
+        """Another rank loaded the next adapter into this shared engine: serve it to this rank's requests too (an
+        engine whose adapter is not named per request has nothing to do)."""
+
     def begin_weight_update(self) -> None:  # noqa: B027
         """Open a weight-update session around all buckets of one sync (SGLang's); nothing to open by default."""
 
@@ -141,6 +158,10 @@ class RolloutEngine(abc.ABC):
     def flush_cache(self) -> bool:
         """Drop cached KV computed by older weights; True on success (nothing cached by default)."""
         return True
+
+    release_drops_weights: bool = False
+    """Whether :meth:`release_memory_occupation` loses the weights (to be pushed again after resuming), where the
+    default keeps them."""
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:  # noqa: B027
         """Free accelerator memory (``weights``, ``kv_cache``) for a colocated trainer; a no-op by default."""
@@ -206,6 +227,12 @@ class EngineWrapper(RolloutEngine):
         self, named_tensors: list[tuple[str, torch.Tensor]], config: dict[str, Any]
     ) -> tuple[bool, str]:
         return self.inner.load_lora_adapter(named_tensors, config)
+
+    def lora_serving_problem(self, lora: Lora) -> str | None:
+        return self.inner.lora_serving_problem(lora)
+
+    def follow_lora_adapter(self) -> None:
+        self.inner.follow_lora_adapter()
 
     def begin_weight_update(self) -> None:
         self.inner.begin_weight_update()

@@ -16,8 +16,10 @@ import logging
 import os
 import pickle
 import socket
-from collections.abc import Iterable, Iterator
-from typing import Any
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,7 +34,13 @@ from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.dtypes import TORCH_DTYPES
 from lit_agentrl.models.processors import is_vision_language, model_config
 
+if TYPE_CHECKING:
+    from lit_agentrl.config.training import Lora
+
 log = logging.getLogger(__name__)
+
+ADAPTER_NAME = "lit-agentrl-policy"
+"""The policy's adapters are served as ``<ADAPTER_NAME>-<n>``, the n-th loaded (SGLang loads each name once)."""
 
 
 def _import_sglang() -> Any:
@@ -47,14 +55,22 @@ def _import_sglang() -> Any:
 
 
 class _SGLangBase(RolloutEngine):
-    """What both SGLang engines share: SGLang 0.5.23's weight-update session around checked pushes (subclasses
-    provide the transport), and no reseeding.
+    """What both SGLang engines share: SGLang 0.5.23's weight-update session around checked pushes, LoRA adapters
+    loaded from tensors and named in every request (subclasses provide the transport), and no reseeding.
     """
 
     _shapes: dict[str, tuple[int, ...]]
     _model_type: str | None = None
     _image_token_id: int | None = None
     _in_session = False
+    release_drops_weights = True  # SGLang frees them, and resumes with whatever the memory then holds
+    serves_lora_adapters = True
+    adapter_name: str | None = None
+    """The adapter every request names (``lora_path``) from now on; None: the base weights."""
+    _adapter_loads = 0
+    _retired_adapters: list[str]
+    _adapter_requests: Counter[str]
+    _adapter_lock: threading.Lock
 
     def _call_args(self, input_ids: Any, sampling_params: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         """SGLang's ``generate`` arguments, checked at the engines' front door (:mod:`~lit_agentrl.engines.requests`):
@@ -76,6 +92,93 @@ class _SGLangBase(RolloutEngine):
         config = model_config(model_path)
         self._shapes = expected_weight_shapes(model_path)
         self._model_type, self._image_token_id = config.get("model_type"), config.get("image_token_id")
+        self._retired_adapters, self._adapter_requests, self._adapter_lock = [], Counter(), threading.Lock()
+
+    # ------------------------------------------------------------------ LoRA adapters
+
+    @classmethod
+    def lora_engine_kwargs(cls, lora: Lora, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """SGLang serves adapters only when started for them: LoRA on, buffers for the rank and the target modules,
+        and strict loading (else an adapter's unmatched tensors are dropped with a warning). On CPU the
+        ``torch_native`` LoRA backend (SGLang's default, ``csgmv``, runs Triton kernels)."""
+        kwargs: dict[str, Any] = {
+            "enable_lora": True,
+            "max_lora_rank": lora.rank,
+            "lora_target_modules": list(lora.target_modules),
+            "lora_strict_loading": True,
+        }
+        if not _on_accelerator(engine_kwargs.get("device")):
+            kwargs["lora_backend"] = "torch_native"
+        return kwargs
+
+    def lora_serving_problem(self, lora: Lora) -> str | None:
+        """What the running server lacks to serve ``lora``'s adapters, from its ``get_server_info``."""
+        info = self._server_info()
+        where = f"{type(self).__name__} ({self._where()})"
+        if not info.get("enable_lora"):
+            flags = " ".join(f"--{k.replace('_', '-')}" for k in ("enable_lora", "lora_strict_loading"))
+            return (
+                f"{where} was started without LoRA: start it with {flags} --max-lora-rank {lora.rank} "
+                f"--lora-target-modules {' '.join(lora.target_modules)}"
+            )
+        if int(info.get("max_lora_rank") or 0) < int(lora.rank or 0):
+            return (
+                f"{where} serves adapters up to rank {info.get('max_lora_rank')} (--max-lora-rank), below {lora.rank}"
+            )
+        served = set(info.get("lora_target_modules") or ())
+        missing = sorted(set(lora.target_modules) - served)
+        if "all" not in served and missing:
+            return f"{where} serves no adapters on {missing} (--lora-target-modules {' '.join(sorted(served))})"
+        if int(info.get("dp_size") or 1) > 1:
+            return f"{where} runs {info.get('dp_size')} data-parallel replicas, which load no adapters (SGLang 0.5.23)"
+        return None
+
+    def load_lora_adapter(
+        self, named_tensors: list[tuple[str, torch.Tensor]], config: dict[str, Any]
+    ) -> tuple[bool, str]:
+        """Load the adapter under the next name and serve it to every request from now on. Requests in flight
+        finish on the adapter they started with; a replaced adapter is unloaded once none of this client's requests
+        uses it (SGLang would otherwise make the unload wait for them)."""
+        name = f"{ADAPTER_NAME}-{self._adapter_loads + 1}"
+        tensors = {tensor_name: tensor.detach() for tensor_name, tensor in named_tensors}
+        ok, message = _as_pair(self._load_adapter(name, tensors, config))
+        if not ok:
+            return False, f"SGLang could not load the adapter {name!r}: {message}"
+        previous = self.adapter_name
+        self.follow_lora_adapter()
+        if previous is not None:
+            self._retired_adapters.append(previous)
+        self._unload_unused_adapters()
+        return True, f"serving the adapter {name!r} ({len(tensors)} tensors)"
+
+    def follow_lora_adapter(self) -> None:
+        self._adapter_loads += 1
+        self.adapter_name = f"{ADAPTER_NAME}-{self._adapter_loads}"
+
+    def _unload_unused_adapters(self) -> None:
+        for name in list(self._retired_adapters):
+            with self._adapter_lock:
+                if self._adapter_requests[name]:
+                    continue
+                del self._adapter_requests[name]
+            _raise_unless(self._unload_adapter(name), f"unload_lora_adapter({name!r})")
+            self._retired_adapters.remove(name)
+
+    @contextlib.contextmanager
+    def _serving_adapter(self, call: dict[str, Any]) -> Iterator[str | None]:
+        """Within the block, ``call`` names the current adapter (if any) and counts as one of its requests."""
+        name = self.adapter_name
+        if name is None:
+            yield None
+            return
+        call["lora_path"] = name
+        with self._adapter_lock:
+            self._adapter_requests[name] += 1
+        try:
+            yield name
+        finally:
+            with self._adapter_lock:
+                self._adapter_requests[name] -= 1
 
     def begin_weight_update(self) -> None:
         _raise_unless(self._call("begin_weight_update"), "begin_weight_update")
@@ -123,6 +226,22 @@ class _SGLangBase(RolloutEngine):
     @abc.abstractmethod
     def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
         """Send one checked bucket of weights and return SGLang's answer."""
+
+    @abc.abstractmethod
+    def _load_adapter(self, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Any:
+        """Load the adapter ``tensors`` (peft's saved names) with ``config`` under ``name``; SGLang's answer."""
+
+    @abc.abstractmethod
+    def _unload_adapter(self, name: str) -> Any:
+        """Unload the adapter ``name``; SGLang's answer."""
+
+    @abc.abstractmethod
+    def _server_info(self) -> dict[str, Any]:
+        """SGLang's ``get_server_info``: its server arguments, among others."""
+
+    @abc.abstractmethod
+    def _where(self) -> str:
+        """The engine in words, for messages."""
 
 
 @register_engine("sglang")
@@ -215,7 +334,8 @@ class SGLangEngine(_SGLangBase):
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:
         call = self._call_args(input_ids, sampling_params, kwargs)
-        return await self._engine.async_generate(**call, return_logprob=return_logprob)
+        with self._serving_adapter(call):
+            return await self._engine.async_generate(**call, return_logprob=return_logprob)
 
     # ------------------------------------------------------------------ weights
 
@@ -231,6 +351,18 @@ class SGLangEngine(_SGLangBase):
 
     def update_weights_from_disk(self, model_path: str) -> tuple[bool, str]:
         return _as_pair(self._engine.update_weights_from_disk(model_path))
+
+    def _load_adapter(self, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Any:
+        return self._engine.load_lora_adapter_from_tensors(name, tensors, config)  # GPU tensors travel by CUDA IPC
+
+    def _unload_adapter(self, name: str) -> Any:
+        return self._engine.unload_lora_adapter(name)
+
+    def _server_info(self) -> dict[str, Any]:
+        return dict(self._engine.get_server_info())
+
+    def _where(self) -> str:
+        return "in process"
 
     # ------------------------------------------------------------------ memory and lifecycle
 
@@ -383,6 +515,11 @@ class SGLangHTTPEngine(_SGLangBase):
         self._sync = httpx.Client(base_url=self.url, timeout=timeout_s)
         self._async: dict[int, Any] = {}  # one async client per event loop
 
+    @classmethod
+    def lora_engine_kwargs(cls, lora: Lora, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """None: the servers are the user's, started with their own flags (checked by :meth:`lora_serving_problem`)."""
+        return {}
+
     def _client(self) -> Any:
         import asyncio
 
@@ -403,12 +540,14 @@ class SGLangHTTPEngine(_SGLangBase):
         body = {**self._call_args(input_ids, sampling_params, kwargs), "return_logprob": return_logprob}
         if "image_data" in body:  # PIL images travel as data URLs (SGLang loads those)
             body["image_data"] = _jsonable_images(body["image_data"])
-        tag = current_tag()
-        response = await self._client().post("/generate", json=body)
+        tag, version = current_tag(), self.weight_version
+        with self._serving_adapter(body) as adapter:
+            response = await self._client().post("/generate", json=body)
         response.raise_for_status()
         result = response.json()
-        if tag is not None:  # a push while the request ran continued it on newer weights (partial rollouts)
-            tag.gate.note_version(tag.key, self.weight_version)
+        if tag is not None:  # a push while the request ran continued it on newer weights (partial rollouts), unless
+            # the request named an adapter: that one served all of it
+            tag.gate.note_version(tag.key, version if adapter is not None else self.weight_version)
         for item in result if isinstance(result, list) else [result]:
             meta = item["meta_info"]
             if meta.get("output_token_logprobs") is not None:
@@ -460,6 +599,29 @@ class SGLangHTTPEngine(_SGLangBase):
             "flush_cache": flush_cache,
         }
         return self._post("/update_weights_from_tensor", body)
+
+    def _load_adapter(self, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Any:
+        """The tensors as CUDA IPC handles (``ipc``, GPU tensors) or pickled, base64 (``inline``), one per rank."""
+        if self.transport == "ipc" and any(tensor.is_cuda for tensor in tensors.values()):
+            from sglang.srt.utils import MultiprocessingSerializer
+
+            payload = MultiprocessingSerializer.serialize(tensors, output_str=True)
+        else:
+            cpu = {tensor_name: tensor.cpu().contiguous() for tensor_name, tensor in tensors.items()}
+            payload = base64.b64encode(pickle.dumps(cpu)).decode()
+        body = {"lora_name": name, "config_dict": config, "serialized_named_tensors": [payload] * self.tp_size}
+        return self._post("/load_lora_adapter_from_tensors", body)
+
+    def _unload_adapter(self, name: str) -> Any:
+        return self._post("/unload_lora_adapter", {"lora_name": name})
+
+    def _server_info(self) -> dict[str, Any]:
+        response = self._sync.get("/get_server_info")
+        response.raise_for_status()
+        return dict(response.json())
+
+    def _where(self) -> str:
+        return self.url
 
     def abort_all(self) -> None:
         """Abort every request in flight on the server (e.g. a rollout past its deadline)."""
@@ -616,8 +778,9 @@ def _as_pair(result: Any) -> tuple[bool, str]:
     if isinstance(result, tuple):
         return bool(result[0]), str(result[1]) if len(result) > 1 else ""
     if isinstance(result, dict):
-        return bool(result.get("success", True)), str(result.get("message", ""))
-    return bool(getattr(result, "success", True)), str(getattr(result, "message", ""))
+        return bool(result.get("success", True)), str(result.get("message") or result.get("error_message") or "")
+    message = getattr(result, "message", None) or getattr(result, "error_message", None)  # LoRA answers: the latter
+    return bool(getattr(result, "success", True)), str(message or "")
 
 
 def _raise_unless(result: Any, what: str) -> None:

@@ -52,14 +52,20 @@ def server_command(
         "port": group_port + index,
         "nccl_port": group_port + 100 + index,
     }
-    command = [sys.executable, "-m", "sglang.launch_server"]
+    return [sys.executable, "-m", "sglang.launch_server", *server_flags(options)]
+
+
+def server_flags(options: dict[str, Any]) -> list[str]:
+    """``ServerArgs`` fields as ``sglang.launch_server`` options: ``True`` as a bare flag, ``False``/None left out, a
+    list as one option with several values."""
+    flags: list[str] = []
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
-            command.append(flag)
+            flags.append(flag)
         elif value is not False and value is not None:
-            command += [flag, *(str(v) for v in value)] if isinstance(value, (list, tuple)) else [flag, str(value)]
-    return command
+            flags += [flag, *(str(v) for v in value)] if isinstance(value, (list, tuple)) else [flag, str(value)]
+    return flags
 
 
 def start_server(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -66,14 +66,16 @@ def sync_weights(
     weights) is set on each engine inside its session, with the weights. With ``lora`` (the policy's adapters),
     the engines get the weights with the adapters merged in, or with ``lora.sync: adapter`` the adapters alone.
     """
+    if lora is not None and lora.sync == "adapter":  # each engine swaps whole adapters itself: no session, no flush
+        gathered = _push_adapter(model, engines, lora)
+        for engine in engines:
+            engine.weight_version = engine.weight_version if weight_version is None else weight_version
+        return gathered
     for engine in engines:
         engine.begin_weight_update()
     gathered = 0
     try:
-        if lora is not None and lora.sync == "adapter":
-            gathered = _push_adapter(model, engines, lora)
-        else:
-            gathered = _push_weights(model, engines, bucket_bytes, lora)
+        gathered = _push_weights(model, engines, bucket_bytes, lora)
         if weight_version is not None:
             for engine in engines:
                 engine.weight_version = weight_version
@@ -100,8 +102,12 @@ def _push_weights(model: torch.nn.Module, engines: list[RolloutEngine], bucket_b
 
 
 def _push_adapter(model: torch.nn.Module, engines: list[RolloutEngine], lora: Lora) -> int:
-    """The adapters alone (a few MB), in one piece: the engines serve them on their unchanged base."""
-    tensors = list(adapter_named_parameters(model))
+    """The adapters alone (MBs where the weights are GBs), in one piece, in the engines' dtype: the engines serve
+    them on their unchanged base (SGLang keys its prefix cache by adapter, the transformers engine clears its own)."""
+    dtype = push_dtype(engines)
+    tensors = [
+        (name, tensor if dtype is None else tensor.to(dtype)) for name, tensor in adapter_named_parameters(model)
+    ]
     config = adapter_config(lora)
     for engine in engines:
         ok, message = engine.load_lora_adapter(tensors, config)

@@ -16,6 +16,7 @@ from lit_agentrl.config.training import Lora
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.models.dtypes import torch_dtype
 from lit_agentrl.rollout.collective import Collective, SingleProcess
 from lit_agentrl.rollout.colocation import ColocatedCycle
 from lit_agentrl.training.offload import TrainerOffload
@@ -32,6 +33,25 @@ def check_serves_adapters(engine_classes: list[type[RolloutEngine]]) -> None:
         raise UserInputError(
             f"model.lora.sync: adapter needs engines that serve LoRA adapters; {refusing} do not: set "
             "model.lora.sync: merged (every engine takes merged weights) or engine: transformers"
+        )
+
+
+def check_lora_serving(engines: list[RolloutEngine], lora: Lora) -> None:
+    """Refuse ``model.lora.sync: adapter`` when a running engine cannot serve ``lora``'s adapters (an SGLang server
+    started without LoRA, or for a smaller rank or other modules), naming what it lacks."""
+    problems = [problem for engine in engines if (problem := engine.lora_serving_problem(lora))]
+    base_dtype = torch_dtype(lora.base_dtype, "model.lora.base_dtype")
+    for engine in engines:  # the engine keeps its own base: in another dtype it samples from another policy
+        if engine.weight_dtype not in (None, base_dtype):
+            problems.append(
+                f"{type(engine).__name__} holds the base in {engine.weight_dtype} and the trainer in {base_dtype}, so "
+                "the engine would sample from another policy than the one trained: give engine.kwargs.dtype and "
+                "model.lora.base_dtype one value"
+            )
+    if problems:
+        raise UserInputError(
+            "model.lora.sync: adapter: " + "; ".join(problems),
+            hint="start the engines to serve the adapters, or set model.lora.sync: merged (the merged weights pushed)",
         )
 
 
@@ -60,6 +80,7 @@ class EngineFleet:
     ) -> None:
         if lora is not None and lora.sync == "adapter":
             check_serves_adapters([type(e) for e in engines if e.owner])
+            check_lora_serving([e for e in engines if e.owner], lora)
         self.engines = engines
         self.lora = lora
         self.bucket_bytes = bucket_bytes
@@ -120,6 +141,10 @@ class EngineFleet:
         sync_weights(policy, self.owned, self.bucket_bytes, version, self.lora)  # every rank gathers
         if self.shared:  # no rank may generate from a shared engine before its owner has updated it
             self.collective.barrier("rollout_weight_sync")
+        if self.lora is not None and self.lora.sync == "adapter":
+            for engine in self.engines:
+                if not engine.owner:  # its owner loaded the adapter: this rank's requests name it too
+                    engine.follow_lora_adapter()
         self.pushes += 1
         self.stale = False
         return time.perf_counter() - start

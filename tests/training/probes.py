@@ -122,4 +122,5 @@ class GreedyAgreement(Callback):
                 torch.tensor([self.prompt]), max_new_tokens=self.new_tokens, do_sample=False, eos_token_id=None
             )[0, len(self.prompt) :].tolist()
         with open(self.path, "a") as f:
-            f.write(json.dumps({"step": trainer.global_step, "engine": result["output_ids"], "policy": policy}) + "\n")
+            record = {"step": trainer.global_step, "engine": result["output_ids"], "policy": policy}
+            f.write(json.dumps({**record, "adapter": getattr(engine, "adapter_name", None)}) + "\n")

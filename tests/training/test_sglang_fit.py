@@ -15,7 +15,10 @@ from lit_agentrl.engines.sglang_group import wait_until_healthy
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 
-def test_fit_with_the_sglang_engine_syncs_weights_each_step(tmp_path, quickstart_model_dir):
+@pytest.mark.parametrize("lora", [None, {"rank": 8, "sync": "adapter", "base_dtype": "float32"}], ids=["full", "lora"])
+def test_fit_with_the_sglang_engine_syncs_weights_each_step(tmp_path, quickstart_model_dir, lora):
+    """Every weight pushed, or (``model.lora.sync: adapter``) the adapter alone, loaded into an engine the trainer
+    starts to serve it and named by every request."""
     require_sglang()
     agreement = tmp_path / "agreement.jsonl"
     probe = {
@@ -30,6 +33,8 @@ def test_fit_with_the_sglang_engine_syncs_weights_each_step(tmp_path, quickstart
         "weight_decay": 0.05,
         "lr": 0.05,
     }  # every step moves the weights: a missed sync shows
+    if lora is not None:
+        config["model"]["lora"] = lora
     path.write_text(yaml.safe_dump(config))
     main(["fit", "--config", str(path)])
 
@@ -39,6 +44,8 @@ def test_fit_with_the_sglang_engine_syncs_weights_each_step(tmp_path, quickstart
     records = [json.loads(line) for line in Path(agreement).read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["engine"] == r["policy"] for r in records), records
+    served = [r["adapter"] for r in records]  # one adapter loaded after each step (the engine starts as the policy)
+    assert served == ([None] * 3 if lora is None else [f"lit-agentrl-policy-{k}" for k in (1, 2, 3)])
 
 
 @pytest.mark.parametrize("partial_rollouts", [False, True], ids=["push-between", "partial"])
