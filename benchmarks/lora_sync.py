@@ -1,10 +1,12 @@
-"""LoRA's weight sync against full fine-tuning's, side by side into the CPU engine: bytes and time per push.
+"""LoRA's weight sync against full fine-tuning's, side by side into one kind of engine: bytes and time per push.
 
 (a) full fine-tuning: ``sync_weights(policy)``, every weight; (b) LoRA, ``model.lora.sync: merged``: every weight,
 each targeted one with its adapter folded in; (c) LoRA, ``sync: adapter``: the adapters alone, which the engine
 serves on its unchanged base. Same model, engine and bucket size; median of ``--repeats`` after one warm-up.
 
     python benchmarks/lora_sync.py --threads 2 --rank 16
+    # in-process SGLang on CPU (its environment, scripts/build_sglang_env.sh, with the test shim):
+    PYTHONPATH=tests/sglang_shim SGLANG_USE_CPU_ENGINE=1 "$PY" benchmarks/lora_sync.py --engine sglang
 """
 
 from __future__ import annotations
@@ -21,10 +23,29 @@ from shared import sync_model
 from transformers import AutoModelForCausalLM
 
 from lit_agentrl.config.training import Lora
+from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.hf import TransformersEngine
 from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.models.tiny import save_tiny_model
 from lit_agentrl.training.lora import adapter_named_parameters, add_adapters, merged_named_parameters
+
+SGLANG_CPU = {
+    "device": "cpu",
+    "attention_backend": "torch_native",
+    "dtype": "float32",
+    "mem_fraction_static": 0.05,
+    "max_total_tokens": 4096,
+}
+
+
+def start_engine(kind: str, path: str, lora: Lora | None) -> RolloutEngine:
+    """The engine the push goes into; SGLang started to serve adapters for ``sync: adapter``, as the trainer starts it."""
+    if kind == "transformers":
+        return TransformersEngine(path)
+    from lit_agentrl.engines.sglang import SGLangEngine
+
+    serving = SGLangEngine.lora_engine_kwargs(lora, SGLANG_CPU) if lora is not None and lora.sync == "adapter" else {}
+    return SGLangEngine(path, **SGLANG_CPU, **serving)
 
 
 def timed(push: Callable[[], int], repeats: int) -> float:
@@ -44,6 +65,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--engine", choices=["transformers", "sglang"], default="transformers")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = sync_model(args.hidden, args.layers)
@@ -65,14 +87,15 @@ def main() -> None:
             else:
                 tensors = ((n, p.detach()) for n, p in policy.named_parameters())
             size = sum(t.numel() * t.element_size() for _, t in tensors)
-            engine = TransformersEngine(path)
+            engine = start_engine(args.engine, path, lora)
             try:
                 seconds = timed(functools.partial(sync_weights, policy, [engine], bucket, lora=lora), args.repeats)
             finally:
                 engine.shutdown()
             rows.append((name, size, seconds))
     print(
-        f"{args.layers} layers, hidden {args.hidden}, rank {args.rank}, {args.threads} threads, median of {args.repeats}"
+        f"{args.engine}: {args.layers} layers, hidden {args.hidden}, rank {args.rank}, {args.threads} threads, "
+        f"median of {args.repeats}"
     )
     base_size, base_seconds = rows[0][1], rows[0][2]
     for name, size, seconds in rows:

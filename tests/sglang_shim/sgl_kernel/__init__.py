@@ -37,9 +37,7 @@ class _StubMeta(type):
     """Metaclass of the stubs: attribute access makes a deeper stub, calling raises."""
 
     def __call__(cls, *args, **kwargs):
-        raise RuntimeError(
-            f"{cls.__module__}.{cls.__qualname__} called: the CPU test path must not use CUDA kernels"
-        )
+        raise RuntimeError(f"{cls.__module__}.{cls.__qualname__} called: the CPU test path must not use CUDA kernels")
 
     def __getattr__(cls, name: str):
         if _is_dunder(name):
