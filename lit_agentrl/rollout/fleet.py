@@ -141,9 +141,10 @@ class EngineFleet:
         sync_weights(policy, self.owned, self.bucket_bytes, version, self.lora)  # every rank gathers
         if self.shared:  # no rank may generate from a shared engine before its owner has updated it
             self.collective.barrier("rollout_weight_sync")
-        if self.lora is not None and self.lora.sync == "adapter":
-            for engine in self.engines:
-                if not engine.owner:  # its owner loaded the adapter: this rank's requests name it too
+        for engine in self.engines:
+            if not engine.owner:  # its owner pushed: this rank's trajectories record the version (staleness) and,
+                engine.weight_version = version  # with sync: adapter, its requests name the adapter the owner loaded
+                if self.lora is not None and self.lora.sync == "adapter":
                     engine.follow_lora_adapter()
         self.pushes += 1
         self.stale = False
