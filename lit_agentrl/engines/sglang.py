@@ -43,6 +43,10 @@ ADAPTER_NAME = "lit-agentrl-policy"
 """The policy's adapters are served as ``<ADAPTER_NAME>-<n>``, the n-th loaded (SGLang loads each name once)."""
 
 
+def _adapter_name(loads: int) -> str:
+    return f"{ADAPTER_NAME}-{loads}"
+
+
 def _import_sglang() -> Any:
     try:
         import sglang
@@ -65,8 +69,6 @@ class _SGLangBase(RolloutEngine):
     _in_session = False
     release_drops_weights = True  # SGLang frees them, and resumes with whatever the memory then holds
     serves_lora_adapters = True
-    adapter_name: str | None = None
-    """The adapter every request names (``lora_path``) from now on; None: the base weights."""
     _adapter_loads = 0
     _retired_adapters: list[str]
     _adapter_requests: Counter[str]
@@ -103,9 +105,9 @@ class _SGLangBase(RolloutEngine):
         ``torch_native`` LoRA backend (SGLang's default, ``csgmv``, runs Triton kernels)."""
         kwargs: dict[str, Any] = {
             "enable_lora": True,
+            "lora_strict_loading": True,
             "max_lora_rank": lora.rank,
             "lora_target_modules": list(lora.target_modules),
-            "lora_strict_loading": True,
         }
         if not _on_accelerator(engine_kwargs.get("device")):
             kwargs["lora_backend"] = "torch_native"
@@ -116,11 +118,8 @@ class _SGLangBase(RolloutEngine):
         info = self._server_info()
         where = f"{type(self).__name__} ({self._where()})"
         if not info.get("enable_lora"):
-            flags = " ".join(f"--{k.replace('_', '-')}" for k in ("enable_lora", "lora_strict_loading"))
-            return (
-                f"{where} was started without LoRA: start it with {flags} --max-lora-rank {lora.rank} "
-                f"--lora-target-modules {' '.join(lora.target_modules)}"
-            )
+            flags = " ".join(sglang_group.server_flags(self.lora_engine_kwargs(lora, {})))  # as the trainer starts one
+            return f"{where} was started without LoRA: start it with {flags}"
         if int(info.get("max_lora_rank") or 0) < int(lora.rank or 0):
             return (
                 f"{where} serves adapters up to rank {info.get('max_lora_rank')} (--max-lora-rank), below {lora.rank}"
@@ -139,7 +138,7 @@ class _SGLangBase(RolloutEngine):
         """Load the adapter under the next name and serve it to every request from now on. Requests in flight
         finish on the adapter they started with; a replaced adapter is unloaded once none of this client's requests
         uses it (SGLang would otherwise make the unload wait for them)."""
-        name = f"{ADAPTER_NAME}-{self._adapter_loads + 1}"
+        name = _adapter_name(self._adapter_loads + 1)
         tensors = {tensor_name: tensor.detach() for tensor_name, tensor in named_tensors}
         ok, message = _as_pair(self._load_adapter(name, tensors, config))
         if not ok:
@@ -151,16 +150,19 @@ class _SGLangBase(RolloutEngine):
         self._unload_unused_adapters()
         return True, f"serving the adapter {name!r} ({len(tensors)} tensors)"
 
+    @property
+    def adapter_name(self) -> str | None:
+        """The adapter every request names (``lora_path``) from now on; None: the base weights."""
+        return _adapter_name(self._adapter_loads) if self._adapter_loads else None
+
     def follow_lora_adapter(self) -> None:
         self._adapter_loads += 1
-        self.adapter_name = f"{ADAPTER_NAME}-{self._adapter_loads}"
 
     def _unload_unused_adapters(self) -> None:
         for name in list(self._retired_adapters):
             with self._adapter_lock:
                 if self._adapter_requests[name]:
                     continue
-                del self._adapter_requests[name]
             _raise_unless(self._unload_adapter(name), f"unload_lora_adapter({name!r})")
             self._retired_adapters.remove(name)
 
@@ -179,6 +181,8 @@ class _SGLangBase(RolloutEngine):
         finally:
             with self._adapter_lock:
                 self._adapter_requests[name] -= 1
+                if not self._adapter_requests[name]:
+                    del self._adapter_requests[name]
 
     def begin_weight_update(self) -> None:
         _raise_unless(self._call("begin_weight_update"), "begin_weight_update")
