@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from shared import sync_model
+from shared import SGLANG_CPU, sync_model
 from transformers import AutoModelForCausalLM
 
 from lit_agentrl.config.training import Lora
@@ -29,14 +29,6 @@ from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.models.tiny import save_tiny_model
 from lit_agentrl.training.lora import adapter_named_parameters, add_adapters, merged_named_parameters
 
-SGLANG_CPU = {
-    "device": "cpu",
-    "attention_backend": "torch_native",
-    "dtype": "float32",
-    "mem_fraction_static": 0.05,
-    "max_total_tokens": 4096,
-}
-
 
 def start_engine(kind: str, path: str, lora: Lora | None) -> RolloutEngine:
     """The engine the push goes into; SGLang started to serve adapters for ``sync: adapter``, as the trainer starts it."""
@@ -44,7 +36,7 @@ def start_engine(kind: str, path: str, lora: Lora | None) -> RolloutEngine:
         return TransformersEngine(path)
     from lit_agentrl.engines.sglang import SGLangEngine
 
-    serving = SGLangEngine.lora_engine_kwargs(lora, SGLANG_CPU) if lora is not None and lora.sync == "adapter" else {}
+    serving = SGLangEngine.lora_engine_kwargs(lora, SGLANG_CPU) if lora is not None and lora.syncs_adapter else {}
     return SGLangEngine(path, **SGLANG_CPU, **serving)
 
 

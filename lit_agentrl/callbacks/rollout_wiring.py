@@ -70,7 +70,7 @@ def build_rollout(settings: RolloutSettings, trainer: L.Trainer, module: GRPOMod
     engine = settings.engine
     import_modules(engine.modules, kind="engine")
     engine_kwargs = dict(engine.kwargs)
-    if module.lora.enabled and module.lora.sync == "adapter":  # before any engine starts
+    if module.lora.syncs_adapter:  # before any engine starts
         engine_kwargs = adapter_serving_kwargs(engine, module.lora)
     engines = build_engines(engine.name, module.model_path, seeds.base, engine_placement(trainer), **engine_kwargs)
     offload = (lambda: _offload_states(trainer, module)) if engine.offloads else None

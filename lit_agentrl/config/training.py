@@ -335,6 +335,11 @@ class Lora:
         return self.rank is not None
 
     @property
+    def syncs_adapter(self) -> bool:
+        """Whether the engines get the adapters alone (LoRA on, ``sync: adapter``)."""
+        return self.enabled and self.sync == "adapter"
+
+    @property
     def scale_alpha(self) -> int:
         """alpha, defaulting to 2 r."""
         return self.alpha if self.alpha is not None else 2 * (self.rank or 0)

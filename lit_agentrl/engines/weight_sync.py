@@ -60,25 +60,23 @@ def sync_weights(
     """Copy every parameter of ``model`` into each engine; returns the number of tensors gathered.
 
     Every rank must call this (gathering is collective), with the engines it owns (none: it gathers without
-    sending, as a rank whose engine another rank updates). Tensors travel in the engines' ``weight_dtype``. Each engine gets one weight-update session
-    (``begin_weight_update``/``end_weight_update``, SGLang's; a no-op elsewhere) around all buckets. Raises
-    ``RuntimeError`` with the engine's message when an update fails. ``weight_version`` (training steps in the
-    weights) is set on each engine inside its session, with the weights. With ``lora`` (the policy's adapters),
-    the engines get the weights with the adapters merged in, or with ``lora.sync: adapter`` the adapters alone.
+    sending, as a rank whose engine another rank updates). Tensors travel in the engines' ``weight_dtype``. Each
+    engine gets one weight-update session (``begin_weight_update``/``end_weight_update``, SGLang's; a no-op
+    elsewhere) around all buckets. Raises ``RuntimeError`` with the engine's message when an update fails.
+    ``weight_version`` (training steps in the weights) is set on each engine inside its session, with the weights.
+    With ``lora`` (the policy's adapters), the engines get the weights with the adapters merged in, or with
+    ``lora.sync: adapter`` the adapters alone, which each engine swaps whole itself: no session, no cache flush.
     """
-    if lora is not None and lora.sync == "adapter":  # each engine swaps whole adapters itself: no session, no flush
+    if lora is not None and lora.syncs_adapter:
         gathered = _push_adapter(model, engines, lora)
-        for engine in engines:
-            engine.weight_version = engine.weight_version if weight_version is None else weight_version
+        _set_version(engines, weight_version)
         return gathered
     for engine in engines:
         engine.begin_weight_update()
     gathered = 0
     try:
         gathered = _push_weights(model, engines, bucket_bytes, lora)
-        if weight_version is not None:
-            for engine in engines:
-                engine.weight_version = weight_version
+        _set_version(engines, weight_version)
         for engine in engines:  # inside the session: a paused engine's requests continue without the old prefixes
             if not engine.flush_cache():
                 raise RuntimeError(f"weight sync: {type(engine).__name__} kept the old weights' prefix cache")
@@ -86,6 +84,12 @@ def sync_weights(
         for engine in engines:
             engine.end_weight_update()
     return gathered
+
+
+def _set_version(engines: list[RolloutEngine], weight_version: int | None) -> None:
+    if weight_version is not None:
+        for engine in engines:
+            engine.weight_version = weight_version
 
 
 def _push_weights(model: torch.nn.Module, engines: list[RolloutEngine], bucket_bytes: int, lora: Lora | None) -> int:

@@ -78,7 +78,7 @@ class EngineFleet:
         offload_states: OffloadStates | None = None,
         lora: Lora | None = None,
     ) -> None:
-        if lora is not None and lora.sync == "adapter":
+        if lora is not None and lora.syncs_adapter:
             check_serves_adapters([type(e) for e in engines if e.owner])
             check_lora_serving([e for e in engines if e.owner], lora)
         self.engines = engines
@@ -144,7 +144,7 @@ class EngineFleet:
         for engine in self.engines:
             if not engine.owner:  # its owner pushed: this rank's trajectories record the version (staleness) and,
                 engine.weight_version = version  # with sync: adapter, its requests name the adapter the owner loaded
-                if self.lora is not None and self.lora.sync == "adapter":
+                if self.lora is not None and self.lora.syncs_adapter:
                     engine.follow_lora_adapter()
         self.pushes += 1
         self.stale = False
