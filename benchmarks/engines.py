@@ -22,19 +22,14 @@ import time
 from pathlib import Path
 
 import torch
+from shared import SGLANG_CPU
 from transformers import AutoTokenizer
 
 from lit_agentrl.models.tiny import TinyModelConfig, save_tiny_model
 from lit_agentrl.rollout.manager import RolloutManager
 
 REPO = Path(__file__).resolve().parents[1]
-SGLANG_CPU = {
-    "device": "cpu",
-    "attention_backend": "torch_native",
-    "dtype": "float32",
-    "mem_fraction_static": 0.05,
-    "max_total_tokens": 16384,
-}
+SGLANG_ARGS = {**SGLANG_CPU, "max_total_tokens": 16384}  # room for a matheval batch's KV cache
 
 
 def single_turn(engine, prompts: list[list[int]], new_tokens: int) -> tuple[float, int]:
@@ -93,7 +88,7 @@ def main() -> None:
             row["agent_cfg_path"] = str(REPO / row["agent_cfg_path"])
         factories = {
             "transformers": lambda: TransformersEngine(path),
-            "sglang": lambda: SGLangEngine(path, **SGLANG_CPU),
+            "sglang": lambda: SGLangEngine(path, **SGLANG_ARGS),
         }
         results: dict[tuple[str, str], list[tuple[float, int]]] = {}
         for name, factory in factories.items():

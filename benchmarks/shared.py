@@ -14,6 +14,15 @@ SHARED_MODEL = TinyModelConfig(
 )
 """A 2.5M-parameter Qwen3 (hidden 256, 4 layers, BPE vocabulary of 384): large enough that compute matters on CPU."""
 
+SGLANG_CPU = {
+    "device": "cpu",
+    "attention_backend": "torch_native",
+    "dtype": "float32",
+    "mem_fraction_static": 0.05,
+    "max_total_tokens": 4096,
+}
+"""In-process SGLang on CPU (its environment, with the test shim): torch_native attention, float32, a small KV cache."""
+
 
 def sync_model(hidden: int, layers: int) -> TinyModelConfig:
     """The weight-sync benchmarks' model: ``layers`` Qwen3 layers of width ``hidden`` (512 x 8: 121 MiB in fp32)."""

@@ -122,5 +122,6 @@ class GreedyAgreement(Callback):
                 torch.tensor([self.prompt]), max_new_tokens=self.new_tokens, do_sample=False, eos_token_id=None
             )[0, len(self.prompt) :].tolist()
         with open(self.path, "a") as f:
-            record = {"step": trainer.global_step, "engine": result["output_ids"], "policy": policy}
-            f.write(json.dumps({**record, "adapter": getattr(engine, "adapter_name", None)}) + "\n")
+            adapter = getattr(engine, "adapter_name", None)  # SGLang's, with model.lora.sync: adapter
+            record = {"step": trainer.global_step, "engine": result["output_ids"], "policy": policy, "adapter": adapter}
+            f.write(json.dumps(record) + "\n")
