@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from lit_agentrl.engines.base import EngineWrapper, GenerateResult, RolloutEngine, output_logprobs
+from lit_agentrl.engines.base import (
+    EngineWrapper,
+    GenerateResult,
+    PromptTooLongError,
+    RolloutEngine,
+    output_logprobs,
+)
 from lit_agentrl.engines.registry import build_engines, get_engine_class, register_engine, registered_engines
 from lit_agentrl.engines.sampling import SamplingParams
 
 __all__ = [
     "EngineWrapper",
     "GenerateResult",
+    "PromptTooLongError",
     "RolloutEngine",
     "SamplingParams",
     "build_engines",

@@ -36,6 +36,30 @@ if TYPE_CHECKING:
 GenerateResult = dict[str, Any]
 
 
+class PromptTooLongError(ValueError):
+    """A request that does not fit the engine's context (:attr:`RolloutEngine.context_length`), refused before it
+    reaches the engine, as SGLang 0.5.23's tokenizer manager refuses it (``_validate_one_request``): a prompt of
+    ``context_length`` tokens or more, or an explicit ``max_new_tokens`` that would take prompt and output past it."""
+
+    def __init__(self, prompt_tokens: int, context_length: int, max_new_tokens: int | None = None) -> None:
+        self.prompt_tokens, self.context_length, self.max_new_tokens = prompt_tokens, context_length, max_new_tokens
+        if max_new_tokens is None:
+            message = (
+                f"the prompt has {prompt_tokens} tokens, and the engine's context length is {context_length} tokens: "
+                f"a prompt must be shorter than the context length"
+            )
+        else:
+            message = (
+                f"the prompt has {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: "
+                f"{prompt_tokens + max_new_tokens} tokens in all, over the engine's context length of "
+                f"{context_length} tokens (lower max_new_tokens to {context_length - prompt_tokens} or shorten the prompt)"
+            )
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # raised in an engine process, re-raised in the caller's
+        return type(self), (self.prompt_tokens, self.context_length, self.max_new_tokens)
+
+
 class RolloutEngine(abc.ABC):
     """What a rollout needs from an inference engine (a subset of ``sglang.Engine``), with defaults.
 
@@ -56,6 +80,10 @@ class RolloutEngine(abc.ABC):
 
     busy_seconds: float | None = None
     """Model compute so far, for the step-time breakdown; None where the engine cannot count it (SGLang)."""
+
+    context_length: int | None = None
+    """The most tokens one request may hold, prompt and generated together; None where unknown. A prompt that does
+    not fit is refused with :class:`PromptTooLongError` before it reaches the engine."""
 
     weight_dtype: torch.dtype | None = None
     """The dtype the engine holds its weights in: :func:`~lit_agentrl.engines.weight_sync.sync_weights` casts each
@@ -199,6 +227,10 @@ class EngineWrapper(RolloutEngine):
     @property
     def busy_seconds(self) -> float | None:  # type: ignore[override]
         return self.inner.busy_seconds
+
+    @property
+    def context_length(self) -> int | None:  # type: ignore[override]
+        return self.inner.context_length
 
     async def async_generate(
         self,

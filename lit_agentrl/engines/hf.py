@@ -16,7 +16,6 @@ in :mod:`~lit_agentrl.engines.scheduler`, the running batch and its KV cache in
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import inspect
 import itertools
@@ -35,7 +34,7 @@ from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.prefix_cache import PrefixCache
 from lit_agentrl.engines.registry import register_engine
-from lit_agentrl.engines.requests import StreamKeys, split_requests
+from lit_agentrl.engines.requests import StreamKeys, gathered, split_requests
 from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.engines.scheduler import EngineRequest, RequestImages, Scheduler
 from lit_agentrl.errors import UserInputError
@@ -77,6 +76,11 @@ class TransformersEngine(RolloutEngine):
         max_admission_wait_s: an idle engine starts at most this long after its first request arrived.
         prefix_cache_mb: memory for finished requests' KV, reused by requests that extend them (0: off).
             Flushed by every weight update, as SGLang flushes its radix cache.
+        context_length: the most tokens a request may hold, prompt and output (None: the model config's
+            ``max_position_embeddings``); longer prompts are refused (:func:`~lit_agentrl.engines.requests.fit_context`).
+
+    A request whose caller stops waiting (its task cancelled: a trajectory's timeout) is aborted: it leaves the queue
+    or the running batch at the next model step, its KV freed (not kept in the prefix cache: its trajectory has ended).
 
     Sampling follows SGLang (:mod:`~lit_agentrl.engines.sampling`): frequency/presence/repetition penalties on
     the request's generated tokens (not its prompt), on the raw logits, before temperature and truncation.
@@ -133,16 +137,24 @@ class TransformersEngine(RolloutEngine):
         admission_window_s: float = 0.002,
         max_admission_wait_s: float = 0.02,
         prefix_cache_mb: float = 256,
+        context_length: int | None = None,
     ) -> None:
         torch_type = torch_dtype(dtype, where="engine.kwargs.dtype")
         if max_running_requests < 1:
             raise UserInputError(f"max_running_requests must be >= 1, got {max_running_requests}")
+        if context_length is not None and context_length < 2:
+            raise UserInputError(
+                f"engine.kwargs.context_length must be >= 2 (a prompt token and one more), got {context_length}"
+            )
         self.model_path, self.weight_dtype = model_path, torch_type
         self.device = torch.device(device)
         auto = AutoModelForImageTextToText if is_vision_language(model_path) else AutoModelForCausalLM
         model: Any = auto.from_pretrained(model_path, dtype=torch_type)  # its ``to`` is mistyped
         self.model: Any = model.to(self.device).eval()
         self.vision = vision_settings(self.model)  # (image token id, merge size); None for a text model
+        self.context_length = context_length or getattr(
+            self.model.config.get_text_config(), "max_position_embeddings", None
+        )
         self._image_processor: Any = None  # loaded for the first request with images
         self.model.requires_grad_(False)
         # transformers 5.x renamed ``past_key_values`` to ``cache``; accept either release line.
@@ -176,6 +188,16 @@ class TransformersEngine(RolloutEngine):
         return self.scheduler.sampled_tokens
 
     @property
+    def aborted_requests(self) -> int:
+        """Requests aborted so far: their callers stopped waiting, and they left the queue or the running batch."""
+        return self.scheduler.aborted_requests
+
+    @property
+    def running_requests(self) -> int:
+        """Requests in the running batch after the last model step."""
+        return self.scheduler.running_requests
+
+    @property
     def seed(self) -> int:
         """The seed of the untagged sampling streams (set by :meth:`reseed`)."""
         return self.streams.seed
@@ -189,8 +211,8 @@ class TransformersEngine(RolloutEngine):
     ) -> GenerateResult | list[GenerateResult]:
         """Generate for one prompt (a list of ids) or a batch (a list of lists), like ``sglang.Engine``."""
         futures, batched = self._submit(input_ids, sampling_params, return_logprob, kwargs)
-        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-        return list(results) if batched else results[0]
+        results = await gathered(futures)  # cancelled, it aborts the requests in the engine
+        return results if batched else results[0]
 
     def generate(
         self,
@@ -287,6 +309,10 @@ class TransformersEngine(RolloutEngine):
         down first): something to act on while requests are decoding is an event, never a sleep."""
         return self.scheduler.wait_for_sampled_tokens(count, timeout)
 
+    def wait_for_aborted_requests(self, count: int, timeout: float | None = None) -> bool:
+        """Block until ``count`` requests have been aborted in all (False: timed out, or shut down first)."""
+        return self.scheduler.wait_for_aborted_requests(count, timeout)
+
     def get_weights_by_name(self, name: str) -> torch.Tensor:
         """A copy of one weight, by its state-dict name (SGLang offers the same for tests)."""
         with self.scheduler.step_lock:
@@ -331,7 +357,7 @@ class TransformersEngine(RolloutEngine):
     ) -> tuple[list[concurrent.futures.Future], bool]:
         if self.scheduler.stopped:
             raise RuntimeError("TransformersEngine has been shut down")
-        requests, batched = split_requests("TransformersEngine", input_ids, sampling_params, extra)
+        requests, batched = split_requests("TransformersEngine", input_ids, sampling_params, extra, self.context_length)
         checked = []
         for request in requests:
             params = request.params

@@ -10,6 +10,8 @@ over a pipe:
   in-process engine keys it (trajectory, turn), so both engines sample the same tokens for the same rollout;
 * answers come back on a reader thread, which records each trajectory's weight version (the engine reports it with
   every answer, as SGLang does) and hands the answer to the caller's event loop;
+* a request whose caller stops waiting (a trajectory's timeout cancels its task) is aborted in the engine process:
+  an ``abort`` message names it, and the engine drops it from its queue or running batch;
 * weight updates, pauses (``partial_rollouts``), reseeds and flushes are calls answered in order.
 
 If the process dies, every request in flight and every later call fails with its exit code: never a hang.
@@ -18,7 +20,6 @@ If the process dies, every request in flight and every later call fails with its
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import functools
@@ -37,7 +38,7 @@ from lit_agentrl.context import TrajectoryTag, current_tag
 from lit_agentrl.engines.base import GenerateResult, RolloutEngine
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
-from lit_agentrl.engines.requests import StreamKeys, split_requests
+from lit_agentrl.engines.requests import StreamKeys, gathered, split_requests
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.dtypes import torch_dtype
 
@@ -58,7 +59,7 @@ _CALLS = (
 )
 """The engine methods the parent may call in the engine process (besides generation, the weight version's setter
 and shutdown)."""
-_WAITS = ("wait_for_sampled_tokens",)
+_WAITS = ("wait_for_sampled_tokens", "wait_for_aborted_requests")
 """Engine methods that block until something happens: answered from a thread of their own, so that the process
 keeps taking messages meanwhile."""
 
@@ -100,6 +101,7 @@ class ProcessEngine(RolloutEngine):
             raise UserInputError(f"engine.kwargs.threads must be >= 1, got {threads}")
         self.model_path = model_path
         self.weight_dtype = torch_dtype(engine_kwargs.get("dtype", "float32"), where="engine.kwargs.dtype")
+        self.context_length: int | None = None  # the engine process's, once it has loaded the model
         self.streams = StreamKeys(seed)  # keyed here exactly as the in-process engine keys them
         self._weight_version = 0
         self._busy_seconds = 0.0
@@ -157,8 +159,8 @@ class ProcessEngine(RolloutEngine):
     ) -> GenerateResult | list[GenerateResult]:
         """Generate for one prompt (a list of ids) or a batch (a list of lists), like ``sglang.Engine``."""
         futures, batched = self._submit(input_ids, sampling_params, return_logprob, kwargs)
-        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-        return list(results) if batched else results[0]
+        results = await gathered(futures)  # cancelled, it aborts the requests in the engine
+        return results if batched else results[0]
 
     def update_weights_from_tensor(
         self,
@@ -186,6 +188,10 @@ class ProcessEngine(RolloutEngine):
     def wait_for_sampled_tokens(self, count: int, timeout: float | None = None) -> bool:
         """Block until the engine process has sampled ``count`` tokens in all (False: timed out, or shut down)."""
         return bool(self._call("wait_for_sampled_tokens", count, timeout))
+
+    def wait_for_aborted_requests(self, count: int, timeout: float | None = None) -> bool:
+        """Block until the engine process has aborted ``count`` requests in all (False: timed out, or shut down)."""
+        return bool(self._call("wait_for_aborted_requests", count, timeout))
 
     def get_weights_by_name(self, name: str) -> torch.Tensor:
         """A copy of one of the engine process's weights (for tests)."""
@@ -217,7 +223,7 @@ class ProcessEngine(RolloutEngine):
         return_logprob: bool,
         extra: dict[str, Any],
     ) -> tuple[list[concurrent.futures.Future], bool]:
-        requests, batched = split_requests("ProcessEngine", input_ids, sampling_params, extra)
+        requests, batched = split_requests("ProcessEngine", input_ids, sampling_params, extra, self.context_length)
         tag = current_tag()
         futures = []
         for request in requests:
@@ -229,7 +235,9 @@ class ProcessEngine(RolloutEngine):
         return futures, batched or len(futures) > 1
 
     def _send_request(self, tag: TrajectoryTag | None, request: tuple[Any, ...]) -> concurrent.futures.Future:
-        future = self._send("generate", request)
+        request_id, future = self._open()
+        self._transmit(request_id, "generate", request)
+        future.add_done_callback(functools.partial(self._abort_if_cancelled, request_id))
         if tag is not None:
             tag.gate.submitted(tag.key)
 
@@ -247,18 +255,35 @@ class ProcessEngine(RolloutEngine):
         return self._send(op, args).result(timeout=timeout)
 
     def _send(self, op: str, payload: Any) -> concurrent.futures.Future:
+        request_id, future = self._open()
+        self._transmit(request_id, op, payload)
+        return future
+
+    def _open(self) -> tuple[int, concurrent.futures.Future]:
+        """A new message's id, and the future its answer will resolve."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._pending_lock:
             if self._dead is not None:
                 raise RuntimeError(self._dead)
             request_id = next(self._ids)
             self._pending[request_id] = future
+        return request_id, future
+
+    def _transmit(self, request_id: int, op: str, payload: Any) -> None:
         try:
             with self._send_lock:
                 self._connection.send((request_id, op, payload))
         except (OSError, EOFError) as exc:
             self._fail_all(f"the engine process cannot be reached ({exc}){self._exit_note()}")
-        return future
+
+    def _abort_if_cancelled(self, request_id: int, future: concurrent.futures.Future) -> None:
+        """A generation its caller stopped waiting for: abort it in the engine process (its answer is not awaited)."""
+        if not future.cancelled():
+            return
+        with self._pending_lock:
+            self._pending.pop(request_id, None)
+        with contextlib.suppress(RuntimeError):  # a dead process computes nothing more
+            self._send("abort", request_id)
 
     def _await_ready(self) -> None:
         if not self._connection.poll(STARTUP_TIMEOUT_S):
@@ -268,11 +293,13 @@ class ProcessEngine(RolloutEngine):
             status, detail = self._connection.recv()
         except EOFError:
             status, detail = "error", f"it exited before loading the model{self._exit_note()}"
-        if status != "ready":
-            self._process.join(timeout=10)
-            if isinstance(detail, BaseException):
-                raise detail
-            raise RuntimeError(f"the engine process failed to start: {detail}")
+        if status == "ready":
+            self.context_length = detail
+            return
+        self._process.join(timeout=10)
+        if isinstance(detail, BaseException):
+            raise detail
+        raise RuntimeError(f"the engine process failed to start: {detail}")
 
     def _read_answers(self) -> None:
         while True:
@@ -318,8 +345,9 @@ def serve(connection: Connection, model_path: str, threads: int, engine_args: di
     except BaseException as exc:  # the parent re-raises it: a bad setting reads as it would in-process
         connection.send(("error", _picklable(exc)))
         return
-    connection.send(("ready", None))
+    connection.send(("ready", engine.context_length))
     send_lock = threading.Lock()
+    running: dict[int, concurrent.futures.Future] = {}  # generations in flight, by the parent's message id
 
     def reply(request_id: int, ok: bool, value: Any) -> None:
         with send_lock:
@@ -341,7 +369,11 @@ def serve(connection: Connection, model_path: str, threads: int, engine_args: di
         try:
             if op == "generate":
                 future = engine.submit_with_stream(*payload)
-                future.add_done_callback(functools.partial(_reply_with, reply, request_id))
+                running[request_id] = future
+                future.add_done_callback(functools.partial(_reply_with, reply, running, request_id))
+            elif op == "abort":  # a cancelled future leaves the engine's queue or running batch at its next step
+                aborted = running.pop(payload, None)
+                reply(request_id, True, aborted is not None and aborted.cancel())
             elif op in _WAITS:
                 args = (reply, request_id, calls[op], payload)
                 threading.Thread(target=_answer_when_done, args=args, name=op, daemon=True).start()
@@ -354,7 +386,15 @@ def serve(connection: Connection, model_path: str, threads: int, engine_args: di
     engine.shutdown()
 
 
-def _reply_with(reply: Callable[[int, bool, Any], None], request_id: int, future: concurrent.futures.Future) -> None:
+def _reply_with(
+    reply: Callable[[int, bool, Any], None],
+    running: dict[int, concurrent.futures.Future],
+    request_id: int,
+    future: concurrent.futures.Future,
+) -> None:
+    running.pop(request_id, None)
+    if future.cancelled():  # aborted: the parent no longer waits for it
+        return
     error = future.exception()
     reply(request_id, error is None, future.result() if error is None else error)
 

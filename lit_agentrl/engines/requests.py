@@ -1,6 +1,7 @@
 """The engines' one front door: SGLang's ``generate`` arguments split into one request per prompt, each with its
 sampling parameters parsed and checked once (:class:`~lit_agentrl.engines.sampling.SamplingParams`), so every engine
-refuses the same bad request with the same message. The transformers engines (in-process and in a process of their
+refuses the same bad request with the same message, and a prompt longer than the engine's context
+(:func:`fit_context`). The transformers engines (in-process and in a process of their
 own) also key each request's sampling stream here; the SGLang engines join the requests back into SGLang's batch.
 
 A request's stream decides its sampled tokens, so two engines that key streams alike sample alike: a trajectory's
@@ -10,11 +11,14 @@ from (engine seed, n), the n-th since the last reseed.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from lit_agentrl.context import TrajectoryTag
+from lit_agentrl.engines.base import PromptTooLongError
 from lit_agentrl.engines.sampling import SamplingParams
 
 
@@ -33,10 +37,12 @@ def split_requests(
     input_ids: list[int] | list[list[int]] | None,
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
     extra: dict[str, Any],
+    context_length: int | None = None,
 ) -> tuple[list[PromptRequest], bool]:
     """SGLang's arguments (one prompt or a batch of them, parameters and ``image_data`` alike) as one request per
     prompt, and whether the caller gets a list back. ``extra``: the call's other keyword arguments, of which only
-    ``image_data`` is understood; ``engine`` names the engine in the errors."""
+    ``image_data`` is understood; ``engine`` names the engine in the errors; ``context_length``: the engine's (see
+    :func:`fit_context`; None: unchecked)."""
     extra = dict(extra)
     image_data = extra.pop("image_data", None)
     unsupported = sorted(k for k, v in extra.items() if v is not None)
@@ -57,7 +63,39 @@ def split_requests(
         PromptRequest(list(p), dict(s) if s else None, SamplingParams.from_dict(s, where=where), i)
         for p, s, i in zip(prompts, params, images)
     ]
-    return requests, batched
+    return [fit_context(r, context_length) for r in requests], batched
+
+
+def fit_context(request: PromptRequest, context_length: int | None) -> PromptRequest:
+    """``request`` as SGLang 0.5.23 fits a request to its context (``TokenizerManager._validate_one_request``, then
+    ``Scheduler.init_req_max_new_tokens``): a prompt of ``context_length`` tokens or more is refused, and so is an
+    explicit ``max_new_tokens`` that takes prompt and output past it (:class:`PromptTooLongError` for both); an unset
+    one (SGLang's default, 128) is clipped to the ``context_length - 1`` tokens a request may hold."""
+    if context_length is None:
+        return request
+    length = len(request.prompt)
+    if length >= context_length:
+        raise PromptTooLongError(length, context_length)
+    asked = (request.sampling_params or {}).get("max_new_tokens")
+    if asked is not None:
+        if length + asked > context_length:
+            raise PromptTooLongError(length, context_length, asked)
+        return request
+    room = context_length - 1 - length
+    if request.params.max_new_tokens <= room:
+        return request
+    return replace(request, params=replace(request.params, max_new_tokens=room))
+
+
+async def gathered(futures: list[concurrent.futures.Future]) -> list[Any]:
+    """The futures' results, in order. When the wait ends early (the caller's task cancelled: a trajectory's timeout;
+    or one request failed), every future is cancelled, which aborts its request where it runs."""
+    try:
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise
 
 
 def joined_requests(requests: list[PromptRequest], batched: bool) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 (continuous batching). Queued requests are admitted between model steps (deterministic mode: only when every running
 trajectory of their rollouts waits on the engine, in trajectory order), prefilled (each distinct prompt once, after
 its cached prefix) and merged into the batch; each decode step samples one token per row; finished rows leave the
-batch at once and their answers go out last.
+batch at once and their answers go out last. A request whose future was cancelled (its caller stopped waiting) is
+aborted before the next step: it leaves the queue or the batch unanswered.
 
 :class:`~lit_agentrl.engines.hf.TransformersEngine` is its API: requests in, weights updated between steps (the
 scheduler's ``step_lock`` and :meth:`Scheduler.pause`), the model shared.
@@ -115,6 +116,8 @@ class Scheduler:
         self.weight_version, self.decode = weight_version, decode
         self.busy_seconds = 0.0  # model compute so far (prefills, decode steps, sampling), for the step breakdown
         self.sampled_tokens = 0  # tokens sampled so far over every request (see wait_for_sampled_tokens)
+        self.aborted_requests = 0  # requests dropped because their callers stopped waiting (wait_for_aborted_requests)
+        self.running_requests = 0  # rows in the running batch after the last step
         self.step_lock = threading.Lock()  # held for each model step and for each weight update
         self.stopped = False
         self._progress = threading.Condition()
@@ -149,6 +152,12 @@ class Scheduler:
             self._progress.wait_for(lambda: self.sampled_tokens >= count or self.stopped, timeout)
             return self.sampled_tokens >= count
 
+    def wait_for_aborted_requests(self, count: int, timeout: float | None = None) -> bool:
+        """Block until ``count`` requests have been aborted in all (False: timed out, or stopped first)."""
+        with self._progress:
+            self._progress.wait_for(lambda: self.aborted_requests >= count or self.stopped, timeout)
+            return self.aborted_requests >= count
+
     def stop(self) -> None:
         """Stop the thread; queued and running requests fail with ``RuntimeError``."""
         if self.stopped:
@@ -165,6 +174,7 @@ class Scheduler:
         pending: collections.deque[EngineRequest] = collections.deque()
         admission_point = True  # idle, or requests finished in the last step (deterministic mode admits only then)
         while self._drain_queue(pending, block=not (batch.requests or pending)):
+            self._abort_cancelled(batch, pending)
             admitted = self._admit(pending, len(batch.requests), admission_point)
             with self._pause:  # a weight update in progress: the next step waits for all of it
                 self._pause.wait_for(lambda: not self._paused or self.stopped)
@@ -179,10 +189,10 @@ class Scheduler:
                     self.busy_seconds += time.perf_counter() - start
             except Exception as exc:  # a model error fails the requests in flight, never the thread
                 log.exception("TransformersEngine step failed")
-                for request in batch.requests + admitted:
-                    if not request.future.done():
-                        deliver(request, error=exc)
+                for request in {id(r): r for r in batch.requests + admitted}.values():  # admitted ones may be merged
+                    deliver(request, error=exc)
                 batch, finished = RunningBatch(), 1
+            self.running_requests = len(batch.requests)
             admission_point = finished > 0 or not batch.requests
         stopped = RuntimeError("TransformersEngine has been shut down")
         for request in [*batch.requests, *pending]:
@@ -191,6 +201,27 @@ class Scheduler:
             item = self._waiting.get_nowait()
             if item is not None:
                 deliver(item, error=stopped)
+
+    def _abort_cancelled(self, batch: RunningBatch[EngineRequest], pending: collections.deque[EngineRequest]) -> None:
+        """Drop the requests whose callers stopped waiting (their futures cancelled: a trajectory's timeout), queued or
+        running, so no step computes them again. Their KV goes with their rows; none of it is kept in the prefix cache,
+        since nothing will extend a trajectory that ended."""
+        queued = [r for r in pending if r.future.cancelled()]
+        rows = [row for row, r in enumerate(batch.requests) if r.future.cancelled()]
+        if not queued and not rows:
+            return
+        running = [batch.requests[row] for row in rows]
+        for request in queued:
+            pending.remove(request)
+        if rows:
+            batch.drop(rows)
+        self.running_requests = len(batch.requests)
+        for request in queued + running:
+            if request.tag is not None:  # the gate's books: it no longer waits on the engine
+                request.tag.gate.answered(request.tag.key)
+        with self._progress:
+            self.aborted_requests += len(queued) + len(running)
+            self._progress.notify_all()
 
     def _admit(
         self, pending: collections.deque[EngineRequest], running: int, admission_point: bool
@@ -454,9 +485,10 @@ def deliver(request: EngineRequest, result: GenerateResult | None = None, error:
     """Hand a request its answer; its trajectory counts as running again first (see engines.admission)."""
     if request.tag is not None:
         request.tag.gate.answered(request.tag.key)
-    if request.future.done():  # cancelled by its caller (a trajectory's timeout)
-        return
-    if error is not None:
-        request.future.set_exception(error)
-    else:
-        request.future.set_result(result)
+    try:
+        if error is not None:
+            request.future.set_exception(error)
+        else:
+            request.future.set_result(result)
+    except concurrent.futures.InvalidStateError:  # cancelled by its caller (a trajectory's timeout) meanwhile
+        pass
