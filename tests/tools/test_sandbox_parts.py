@@ -83,8 +83,12 @@ def test_exit_status_becomes_the_error_text():
     assert _outcome(-signal.SIGKILL).error.startswith("Killed: the code exceeded its CPU time or memory")
     assert _outcome(-signal.SIGSEGV, b"Fatal Python error").error == "Killed by SIGSEGV.\nFatal Python error"
     assert _outcome(-200).error == "Killed by signal 200."
-    setup = _outcome(stage.SETUP_EXIT, (stage.SETUP_PREFIX + "could not load a seccomp filter\n").encode())
-    assert setup.error == "SandboxError: could not load a seccomp filter"
+    forged = _outcome(stage.SETUP_EXIT, (stage.SETUP_PREFIX + "could not load a seccomp filter\n").encode())
+    assert forged.error == stage.SETUP_PREFIX + "could not load a seccomp filter"  # the code's own words
+    assert _outcome(152).error == "the code exited with status 152"  # not a CPU-time signal: only a verdict says so
+    out, err = OutputCapture(100), OutputCapture(100, tail=True)
+    broken = result_from_exit(1, False, out, err, SandboxLimits(), sandbox_error="could not load a seccomp filter")
+    assert broken.error == "SandboxError: could not load a seccomp filter"
     assert _outcome(1, b"Traceback ...\nValueError: x\n").error == "Traceback ...\nValueError: x"
     assert _outcome(3).error == "the code exited with status 3"
     assert _outcome(0, stdout=b"x" * 200).truncated
@@ -442,6 +446,7 @@ def test_bubblewraps_arguments(monkeypatch):
         env={"HOME": boundary.RUN_DIR},
         code_fd=5,
         seccomp_fd=6,
+        info_fd=7,
     )
     argv = run.argv(["python", "-c", "x"])
     assert argv[:5] == ["unshare", "--mount", "--propagation", "private", "--"]
@@ -476,6 +481,7 @@ def test_bubblewraps_arguments(monkeypatch):
         "--die-with-parent",
         "--new-session",
         "--clearenv",
+        "--as-pid-1",
     ):
         assert flag in bwrap, flag
     pairs = list(zip(bwrap, bwrap[1:], bwrap[2:]))
@@ -484,6 +490,7 @@ def test_bubblewraps_arguments(monkeypatch):
     assert bwrap.index("/tmp") < bwrap.index("/opt/py")  # an interpreter under /tmp is bound over the run's /tmp
     assert ("--tmpfs", "/opt/py/lib/site-packages", "--remount-ro") in pairs
     assert ("--seccomp", "6", "--chdir") in pairs and ("--file", "5", f"{boundary.RUN_DIR}/main.py") in pairs
+    assert ("--as-pid-1", "--info-fd", "7") in pairs
     assert bwrap[-4:] == ["--", "python", "-c", "x"]
     unprivileged = dataclasses.replace(run, uid=None).argv(["python"])
     assert unprivileged[:4] == ["unshare", "--user", "--map-root-user", "--mount"] and "setpriv" not in unprivileged[-1]

@@ -153,6 +153,8 @@ class Boundary:
     env: dict[str, str]
     code_fd: int
     seccomp_fd: int
+    info_fd: int
+    """Where bubblewrap writes the pid of the run's PID 1 (``--info-fd``), for the trainer to reap it if need be."""
 
     def argv(self, command: list[str]) -> list[str]:
         top = mount_point()
@@ -188,6 +190,7 @@ class Boundary:
     def _bwrap(self, top: str, staged: dict[str, str]) -> list[str]:
         args = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
         args += ["--unshare-cgroup", "--disable-userns", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        args += ["--as-pid-1", "--info-fd", str(self.info_fd)]  # the interpreter is PID 1: the run's supervisor
         if self.uid is None:
             args += ["--uid", str(os.getuid()), "--gid", str(os.getgid())]
         for path in SYSTEM_DIRS:

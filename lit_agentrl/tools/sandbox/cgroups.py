@@ -169,6 +169,14 @@ class RunCgroup:
                 found |= {int(pid) for pid in Path(path).read_text().split()}
         return sorted(found)
 
+    def holds(self, pid: int) -> bool:
+        """Whether ``pid`` is in this group now (its ``/proc/PID/cgroup`` names it; a zombie has left it)."""
+        try:
+            groups = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return False
+        return any(f"/{GROUP}/{directory.name}\n" in groups for directory in self.dirs)
+
     def out_of_memory(self) -> bool:
         """Whether the kernel refused the run memory at its limit (v1: a failed charge; v2: an OOM kill)."""
         try:

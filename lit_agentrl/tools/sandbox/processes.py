@@ -10,6 +10,8 @@ import random
 import signal
 import subprocess
 
+from lit_agentrl.tools.sandbox.reaping import Orphans
+
 __all__ = ["UID_SPAN", "kill_by_token", "kill_group", "next_run_number", "own_uid_base", "remove_tree", "uid_base"]
 
 UID_SPAN = 1 << 16
@@ -51,18 +53,24 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def kill_by_token(token: str) -> None:
-    """SIGKILL every process whose command line carries ``token`` (a run's children, even re-grouped)."""
+def kill_by_token(token: str, orphans: Orphans) -> None:
+    """SIGKILL every process whose command line carries ``token`` (a run's children, even re-grouped), each
+    pinned in ``orphans`` first (it may be left to the trainer to reap) and signalled through its pidfd."""
     needle = token.encode()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if needle in f.read():
-                    os.kill(int(entry), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
+        if entry.isdigit() and int(entry) != os.getpid() and _carries(int(entry), needle):
+            fd = orphans.pin(int(entry), lambda pid: _carries(pid, needle))
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+
+
+def _carries(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return needle in f.read()
+    except OSError:
+        return False
 
 
 def remove_tree(path: str) -> None:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from lit_agentrl.tools.sandbox.limits import SandboxLimits
-from lit_agentrl.tools.sandbox.stage import SETUP_EXIT, SETUP_PREFIX
 
 __all__ = ["FLOOD_FACTOR", "CodeRunner", "OutputCapture", "SandboxResult", "failure", "result_from_exit"]
 
@@ -124,9 +123,11 @@ def result_from_exit(
     *,
     flooded: bool = False,
     out_of_memory: bool = False,
+    sandbox_error: str | None = None,
 ) -> SandboxResult:
-    """The result of a finished run: its exit status (or the signal that killed it, or why the parent stopped
-    it) turned into ``error``."""
+    """The result of a finished run: the code's exit status (or the signal that killed it, or why the parent
+    stopped it, or ``sandbox_error``: what the sandbox's own side failed at) turned into ``error``. Only the
+    parent's knowledge and the run's verdict (:mod:`.verdict`) decide these, never the code's output."""
     stdout, stderr = out.text(), err.text()
     error: str | None = None
     if flooded:
@@ -136,6 +137,8 @@ def result_from_exit(
         )
     elif timed_out:
         error = f"TimeoutError: the code did not finish within {limits.wall_seconds:g} seconds and was stopped."
+    elif sandbox_error is not None:
+        error = f"SandboxError: {sandbox_error}"
     elif code == -signal.SIGXCPU:
         error = f"TimeoutError: the code used more than {limits.cpu_seconds:g} seconds of CPU time and was stopped."
     elif out_of_memory and code is not None and code != 0:
@@ -147,8 +150,6 @@ def result_from_exit(
         error = "Killed: the code exceeded its CPU time or memory limit and was stopped."
     elif code is not None and code < 0:
         error = f"Killed by {signal_name(-code)}." + (f"\n{tail(stderr)}" if stderr.strip() else "")
-    elif code == SETUP_EXIT and stderr.startswith(SETUP_PREFIX):
-        error = "SandboxError: " + stderr[len(SETUP_PREFIX) :].strip()
     elif code != 0:
         error = tail(stderr.strip()) or f"the code exited with status {code}"
     return SandboxResult(

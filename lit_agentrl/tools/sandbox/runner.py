@@ -19,6 +19,7 @@ import math
 import os
 import random
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,9 +40,18 @@ from lit_agentrl.tools.sandbox.processes import (
     own_uid_base,
     remove_tree,
 )
-from lit_agentrl.tools.sandbox.results import FLOOD_FACTOR, OutputCapture, SandboxResult, failure, result_from_exit
+from lit_agentrl.tools.sandbox.reaping import Orphans, become_subreaper, is_nested_init, reap_run
+from lit_agentrl.tools.sandbox.results import (
+    FLOOD_FACTOR,
+    OutputCapture,
+    SandboxResult,
+    failure,
+    result_from_exit,
+    tail,
+)
 from lit_agentrl.tools.sandbox.stage import MARKER
 from lit_agentrl.tools.sandbox.syscalls import boundary_filter, exec_filter, seccomp_missing
+from lit_agentrl.tools.sandbox.verdict import Verdict, read_verdict
 
 __all__ = ["CHILD_ENV", "GUARD_SOURCE", "LAUNCH", "STAGE_SOURCE", "TOKEN_PREFIX", "PythonSandbox", "SandboxUnavailable"]
 
@@ -66,7 +76,7 @@ CHILD_ENV = {
 KILL_GRACE_SECONDS = 30.0
 """How long the parent waits for a killed run to be reaped (and its pipes to close) before giving up on it."""
 BWRAP_TASKS = 2
-"""Tasks of a run besides the interpreter's own: bubblewrap's monitor outside and its PID 1 inside."""
+"""Tasks of a run besides the code's own: bubblewrap's monitor outside and the run's supervisor (PID 1) inside."""
 
 _probe_cache: dict[tuple[str, bool], dict[str, Any]] = {}
 _probe_lock = threading.Lock()
@@ -85,20 +95,44 @@ class _Run:
     env: dict[str, str]
     token: str
     fds: list[int] = field(default_factory=list)
+    """Descriptors the child inherits (closed here once it has started)."""
     cgroup: RunCgroup | None = None
     host_dir: str | None = None
     bwrap: bool = False
+    verdict: int | None = None
+    """The read end of the verdict pipe (:mod:`.verdict`)."""
+    info: int | None = None
+    """The read end of bubblewrap's ``--info-fd``, which names the run's PID 1 (its supervisor)."""
+    monitor: int | None = None
+    """The pid of the run's launcher, which becomes bubblewrap's monitor: the trainer's own child."""
+    orphans: Orphans = field(default_factory=Orphans)
+    """The run's processes that may be left to the trainer to reap."""
 
     def release(self) -> None:
-        """Close its descriptors, remove its cgroup and its host folder (weak mode); never raises."""
-        for fd in self.fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        """Close its descriptors, reap what it left to the trainer, remove its cgroup and its host folder (weak
+        mode); never raises."""
+        self._pin_supervisor()
+        for fd in [*self.fds, self.verdict, self.info]:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self.fds.clear()
+        self.verdict = self.info = None
+        reap_run(self.orphans, KILL_GRACE_SECONDS)
         if self.cgroup is not None:
             self.cgroup.remove()
         if self.host_dir is not None:
             remove_tree(self.host_dir)
+
+    def _pin_supervisor(self) -> None:
+        """bubblewrap's monitor may die before the run's PID 1 (when the run is killed): the PID 1 then becomes
+        the trainer's child. It is pinned only while it is still a namespace's init whose parent is the monitor
+        or the trainer: its number, read late, may since have gone to another process."""
+        if self.info is None or self.monitor is None:
+            return
+        pid = _child_pid(self.info)
+        if pid is not None:
+            self.orphans.pin(pid, lambda p: is_nested_init(p, (self.monitor or -1, os.getpid())))
 
 
 class PythonSandbox:
@@ -136,7 +170,8 @@ class PythonSandbox:
         self.python = python
         self.site_packages = site_packages
         self.allow_weak_sandbox = allow_weak_sandbox
-        self._guard = True  # tests switch the audit hook off to check the kernel-enforced layers alone
+        self._guard = True
+        become_subreaper()  # what a run leaves behind is the trainer's to reap, even as PID 1 (.reaping)  # tests switch the audit hook off to check the kernel-enforced layers alone
         missing = self.isolation["missing"]
         if missing and not allow_weak_sandbox:
             raise SandboxUnavailable(
@@ -211,7 +246,8 @@ class PythonSandbox:
                 start_new_session=True,
                 pass_fds=run.fds,
             )
-            answer = json.loads(done.stdout.decode().strip().splitlines()[-1]) if done.returncode == 0 else None
+            started = run.verdict is not None and read_verdict(run.verdict).started
+            answer = json.loads(done.stdout.decode().strip().splitlines()[-1]) if started else None
             if answer is None or answer.get("cwd") != RUN_DIR:
                 stderr = done.stderr.decode(errors="replace").strip()[-600:]
                 return f"bubblewrap could not start a run here (exit {done.returncode}: {stderr or 'no message'})"
@@ -246,6 +282,8 @@ class PythonSandbox:
         run = _Run(argv=[], cwd="/", env={}, token=token, bwrap=bwrap)
         memory = int(limits.memory_mb) * 2**20
         try:
+            run.verdict, verdict_write = os.pipe()  # both ends close-on-exec; pass_fds hands the child its end
+            run.fds.append(verdict_write)
             if report["cgroup"]:
                 run.cgroup = RunCgroup.create(memory_bytes=memory, tasks=self._tasks(bwrap))
             folder = RUN_DIR if bwrap else self._host_folder(code, uid, run)
@@ -262,6 +300,8 @@ class PythonSandbox:
                 "guard": self._guard,
                 "probe": probe,
                 "filters": [program.hex() for program in filters],
+                "verdict_fd": verdict_write,
+                "supervise": bwrap,
             }
             command = [self.python, "-I", "-S", "-B", "-c", LAUNCH, STAGE_SOURCE, json.dumps(cfg), GUARD_SOURCE]
             env = dict(CHILD_ENV, HOME=folder, TMPDIR=folder)
@@ -276,15 +316,19 @@ class PythonSandbox:
         return run
 
     def _bwrap_argv(self, command: list[str], code: str, uid: int | None, env: dict[str, str], run: _Run) -> list[str]:
-        run.fds += [_memfd("main.py", code.encode("utf-8", "surrogatepass")), _memfd("seccomp", boundary_filter())]
+        code_fd = _memfd("main.py", code.encode("utf-8", "surrogatepass"))
+        seccomp_fd = _memfd("seccomp", boundary_filter())
+        run.info, info_write = os.pipe()
+        run.fds += [code_fd, seccomp_fd, info_write]
         boundary = Boundary(
             mounts=interpreter_layout(self.python, self.site_packages),
             uid=uid,
             scratch_bytes=int(self.limits.file_size_mb) * 2**20 * 4,
             cgroup_procs=tuple(run.cgroup.procs_files) if run.cgroup else (),
             env=env,
-            code_fd=run.fds[0],
-            seccomp_fd=run.fds[1],
+            code_fd=code_fd,
+            seccomp_fd=seccomp_fd,
+            info_fd=info_write,
         )
         return boundary.argv([*command, run.token])
 
@@ -349,8 +393,14 @@ class PythonSandbox:
             with contextlib.suppress(TimeoutError):  # a leftover still holding the pipes: its output is lost
                 await asyncio.wait_for(asyncio.shield(pumps), timeout=2.0)
             oom = run.cgroup is not None and run.cgroup.out_of_memory()
-            code = _exit_status(proc.returncode, run.bwrap)
-            return result_from_exit(code, timed_out, out, err, limits, flooded=flood.is_set(), out_of_memory=oom)
+            killed = timed_out or flood.is_set() or oom
+            verdict = Verdict(started=False) if run.verdict is None else read_verdict(run.verdict)
+            code, broken = _outcome(run, verdict, proc.returncode, killed)
+            if broken is not None:
+                broken += f" (exit status {proc.returncode})" + (f":\n{tail(err.text())}" if err.data.strip() else "")
+            return result_from_exit(
+                code, timed_out, out, err, limits, flooded=flood.is_set(), out_of_memory=oom, sandbox_error=broken
+            )
         except Exception as exc:
             return failure(f"SandboxError: {type(exc).__name__}: {exc}")
         finally:  # also when cancelled: the run is killed, and the cancellation goes on
@@ -372,6 +422,7 @@ class PythonSandbox:
             start_new_session=True,
             pass_fds=run.fds,
         )
+        run.monitor = proc.pid
         for fd in run.fds:  # the child has its copies
             os.close(fd)
         run.fds.clear()
@@ -380,12 +431,17 @@ class PythonSandbox:
     @staticmethod
     def _kill(pid: int, run: _Run) -> None:
         """Everything of the run: its cgroup, its process group (bubblewrap's children die with it), and in weak
-        mode whatever carries its token."""
+        mode whatever carries its token. Without bubblewrap what the code forked is pinned first: it may be left
+        to the trainer to reap (inside bubblewrap the run's PID 1 reaps it; PID 1 itself is pinned later)."""
         if run.cgroup is not None:
+            if not run.bwrap:
+                for member in run.cgroup.pids():
+                    if member != pid:
+                        run.orphans.pin(member, run.cgroup.holds)
             run.cgroup.kill()
         kill_group(pid)
         if not run.bwrap:
-            kill_by_token(run.token)
+            kill_by_token(run.token, run.orphans)
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -417,11 +473,29 @@ def _joined(cgroup: RunCgroup | None, command: list[str]) -> list[str]:
     return ["sh", "-c", f'set -e; {joins}exec "$@"', "sh", *command]
 
 
-def _exit_status(code: int | None, bwrap: bool) -> int | None:
-    """bubblewrap reports a child killed by signal N as 128 + N: report it as killed, as without bubblewrap."""
-    if bwrap and code is not None and 128 < code < 128 + 65:
-        return -(code - 128)
-    return code
+def _outcome(run: _Run, verdict: Verdict, returncode: int | None, killed: bool) -> tuple[int | None, str | None]:
+    """The code's exit status (minus the signal that killed it), and the sandbox's own failure if there was one.
+    Only the verdict (:mod:`.verdict`) and the kernel's wait status of the trainer's own child are believed; a
+    run the parent killed (or the memory limit did) may end before either speaks."""
+    if verdict.setup_error is not None:
+        return returncode, verdict.setup_error
+    if not verdict.started:
+        return returncode, None if killed else "the boundary did not start the run"
+    if not run.bwrap:
+        return returncode, None  # the code's interpreter was the trainer's own child
+    if verdict.status is not None:
+        return verdict.status, None
+    return -signal.SIGKILL, None if killed else "the run ended without its supervisor's report"
+
+
+def _child_pid(fd: int) -> int | None:
+    """The ``child-pid`` bubblewrap wrote to ``--info-fd`` (its monitor writes it as the run starts)."""
+    try:
+        os.set_blocking(fd, False)
+        value = json.loads(os.read(fd, 65536)).get("child-pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _discard(future: asyncio.Future[Any]) -> None:

@@ -6,9 +6,14 @@ sandbox's marker file name and runs it as ``__main__``, which calls :func:`main`
 only, ASCII only (it travels in argv), and nothing done at import but definitions (the parent imports it for
 its constants, and for tests).
 
-Before any model code exists, :func:`main` sets the resource limits, loads the seccomp filters it was given
-(always the one that forbids starting programs; without bubblewrap also the main one), installs the audit
-hook (the second layer, unless switched off) and then runs the code from ``main.py``.
+Inside bubblewrap the interpreter starts as PID 1 of the run's PID namespace and first becomes the run's
+supervisor (:func:`supervise`): it forks the process that runs the code, waits for it and writes its real
+wait status (an exit status, or the signal that killed it) to the verdict descriptor. Before any model code
+exists, :func:`main` (in that process) sets the resource limits, loads the seccomp filters it was given (always
+the one that forbids starting programs; without bubblewrap also the main one), installs the audit hook (the
+second layer, unless switched off), writes that its setup is done to the verdict descriptor and closes it,
+and then runs the code from ``main.py``. The parent believes only the verdict descriptor (see :mod:`.verdict`):
+nothing the code prints or exits with can pass for a setup failure or a signal.
 """
 
 # ruff: noqa: SIM105  (no contextlib.suppress: it would be one more import in every run)
@@ -28,15 +33,66 @@ if TYPE_CHECKING:
 MARKER = "<lit-agentrl-sandbox>"
 """The file name of the sandbox's own code in the child (hidden from tracebacks; found in its cmdline)."""
 SETUP_EXIT = 113
-"""Exit status of a setup failure; stderr then starts with ``SETUP_PREFIX`` and says what failed."""
+"""Exit status of a setup failure (the parent does not read it: the verdict descriptor says what failed)."""
 SETUP_PREFIX = "lit-agentrl-sandbox setup: "
-PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+"""Starts the message on stderr when even the verdict descriptor could not be written."""
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 38, 22, 2
+VERDICT_FD = [-1]
+"""The verdict descriptor (the write end of the parent's pipe), -1 once closed; set by :func:`main`."""
+
+
+def tell(record: dict[str, Any]) -> None:
+    """One line of JSON to the parent on the verdict descriptor (a few bytes: one atomic pipe write)."""
+    os.write(VERDICT_FD[0], (json.dumps(record) + "\n").encode("ascii"))
 
 
 def fail(message: str) -> NoReturn:
     """End the child with a setup failure, which the parent reports as ``SandboxError: message``."""
-    os.write(2, (SETUP_PREFIX + message + "\n").encode("utf-8", "replace"))
+    try:
+        tell({"setup": "failed", "error": message})
+    except (OSError, ValueError):  # no verdict: the parent says the boundary did not start the run
+        os.write(2, (SETUP_PREFIX + message + "\n").encode("utf-8", "replace"))
     os._exit(SETUP_EXIT)
+
+
+def libc() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def set_dumpable(dumpable: bool) -> None:
+    """``PR_SET_DUMPABLE``: a process that is not dumpable cannot be traced, nor its ``/proc/PID/mem`` and
+    ``/proc/PID/fd`` opened, by others of its uid without ``CAP_SYS_PTRACE`` (none in the run has it)."""
+    import ctypes
+
+    ulong = ctypes.c_ulong
+    if libc().prctl(PR_SET_DUMPABLE, ulong(int(dumpable)), ulong(0), ulong(0), ulong(0)) != 0:
+        fail(f"could not set the dumpable flag: {os.strerror(ctypes.get_errno())}")
+
+
+def supervise() -> None:
+    """As PID 1 of the run's PID namespace: fork; the child returns (and goes on to run the code), this process
+    waits for it, writes its real wait status to the verdict descriptor and ends, which ends the namespace.
+
+    The code cannot reach this process: the kernel does not deliver to a namespace's PID 1 a signal sent from
+    inside it unless PID 1 handles it (it handles none: SIGINT's handler is taken away), and a process that is
+    not dumpable cannot be traced nor its memory or descriptors opened. bubblewrap reports a signal death as
+    ``128 + N``, which an ``exit(128 + N)`` forges; this report cannot be."""
+    import _signal
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    set_dumpable(False)  # before the fork, so there is no moment when the code runs and this process is open
+    code = os.fork()
+    if code == 0:
+        set_dumpable(True)  # the code's own process: as any other (its /proc/self stays its own)
+        return
+    while True:  # PID 1 also reaps whatever the code's forks leave to it
+        pid, status = os.waitpid(-1, 0)
+        if pid == code:
+            break
+    tell({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"exit": os.waitstatus_to_exitcode(status)})
+    os._exit(0)
 
 
 def set_limits(cfg: dict[str, Any]) -> None:
@@ -63,15 +119,15 @@ def load_filters(programs: list[str]) -> None:
     class SockFprog(ctypes.Structure):
         _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    lib = libc()
     ulong = ctypes.c_ulong
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, ulong(1), ulong(0), ulong(0), ulong(0)) != 0:
+    if lib.prctl(PR_SET_NO_NEW_PRIVS, ulong(1), ulong(0), ulong(0), ulong(0)) != 0:
         fail(f"could not set no_new_privs: {os.strerror(ctypes.get_errno())}")
     for text in programs:
         program = bytes.fromhex(text)
         buffer = ctypes.create_string_buffer(program, len(program))
         fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
-        if libc.prctl(PR_SET_SECCOMP, ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), ulong(0), ulong(0)) != 0:
+        if lib.prctl(PR_SET_SECCOMP, ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), ulong(0), ulong(0)) != 0:
             fail(f"could not load a seccomp filter: {os.strerror(ctypes.get_errno())}")
     for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
         del sys.modules[name]  # so the code's own import of ctypes is seen (and refused) by the audit hook
@@ -185,6 +241,24 @@ def main() -> int:
     """``sys.argv[1:]`` is this text, the run's JSON config, the guard's text."""
     cfg, guard_source = json.loads(sys.argv[2]), sys.argv[3]
     sys.argv[:] = ["main.py"]
+    VERDICT_FD[0] = cfg["verdict_fd"]
+    if cfg["supervise"]:
+        supervise()
+    try:
+        source, traceback = prepare(cfg, guard_source)
+        tell({"setup": "ok"})
+        os.close(VERDICT_FD[0])  # before the code exists: it cannot write a verdict of its own
+        VERDICT_FD[0] = -1
+    except BaseException as exc:
+        fail(f"{type(exc).__name__}: {exc}")
+    if cfg["probe"]:
+        print(json.dumps({"uid": os.getuid(), "guard": cfg["guard"], "cwd": os.getcwd()}))
+        return 0
+    return run_code(source, traceback)
+
+
+def prepare(cfg: dict[str, Any], guard_source: str) -> tuple[str, ModuleType]:
+    """Everything before the code: limits, filters, streams, the audit hook; the code's text and ``traceback``."""
     set_limits(cfg)
     load_filters(cfg["filters"])
     reconfigure_streams()
@@ -198,10 +272,7 @@ def main() -> int:
         source = f.read()
     if cfg["guard"]:
         load_guard(guard_source)(work, roots, cfg["allow_fork"], cfg["site"])
-    if cfg["probe"]:
-        print(json.dumps({"uid": os.getuid(), "guard": cfg["guard"], "cwd": os.getcwd()}))
-        return 0
-    return run_code(source, traceback)
+    return source, traceback
 
 
 if __name__ == "__main__":
