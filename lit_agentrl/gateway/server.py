@@ -3,16 +3,22 @@
 A :class:`Gateway` serves on loopback (uvicorn, a Starlette app) from the rollout's own event loop. The rollout
 manager opens a :class:`~lit_agentrl.gateway.session.GatewaySession` per trajectory and hands the agent a base
 URL holding its id (``http://127.0.0.1:PORT/t/<id>/v1``; the id also works as the API key at ``/v1``), so
-every call is attributed to its trajectory: the handler enters the trajectory's context (its admission tag and
-sampling parameters), encodes the messages token-exactly (:mod:`.session`), generates through the engine, parses
-tool calls with the tool loop's parser, records the sampled ids and log-probs, and answers with the ``openai``
-package's own response types (streamed as server-sent events when asked).
+every call is attributed to its trajectory: the handler checks the request (:mod:`.request`), enters the
+trajectory's context (its admission tag and sampling parameters), encodes the messages token-exactly
+(:mod:`.session`), generates through the engine, parses tool calls with the tool loop's parser, records the sampled
+ids and log-probs, and answers with the ``openai`` package's own response types (:mod:`.responses`; streamed as
+server-sent events when asked).
 
 Sampling follows the run's parameters, whatever the request says: the trainer computes log-probs at the run's
 temperature, so a request's ``temperature`` or ``top_p`` that differ are not used (a warning names them once);
 ``max_tokens``/``max_completion_tokens`` may only lower the run's per-turn limit, and ``stop`` strings are
 honoured. ``n`` choices are sampled from the same context, each other than the first into a sample of its own;
 ``tool_choice`` ``none`` answers in text, and a forced call the reply did not make is counted, never imposed.
+
+Faults: a request the gateway refuses (a bad field, a prompt longer than the engine's context) is a 4xx that leaves
+nothing in the trajectory and is counted (``refused_calls``); a call the engine fails is a 500 that also fails the
+trajectory, whatever the agent does with the error; a call still in flight when its trajectory ends (or times out)
+is cancelled, and with it its engine request.
 """
 
 from __future__ import annotations
@@ -22,33 +28,19 @@ import contextlib
 import json
 import logging
 import socket
-import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from lit_agentrl.agents.chat_model import ChatModel
 from lit_agentrl.context import TrajectoryContext, enter_trajectory
-from lit_agentrl.gateway.session import GatewaySample, GatewaySession, flat_text, normalized
+from lit_agentrl.engines import PromptTooLongError
+from lit_agentrl.gateway.request import SERVED_MODEL, ChatRequest, GatewayError, parse_body, parse_request
+from lit_agentrl.gateway.responses import completion, error_response, reply_message, stream_events
+from lit_agentrl.gateway.session import GatewaySample, GatewaySession, PlannedCall
 
 __all__ = ["Gateway", "GatewayError"]
 
 log = logging.getLogger(__name__)
-
-MAX_CHOICES = 64
-"""The most choices (``n``) one call may ask for."""
-TEXT_PARTS = ("text", "input_text")
-"""The content parts the gateway renders."""
-IGNORED_SAMPLING = ("temperature", "top_p")
-"""Request fields the run's own values override (the trainer's log-probs assume the run's)."""
-
-
-class GatewayError(Exception):
-    """A request the gateway refuses: answered as an OpenAI-style error with this status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Gateway:
@@ -79,7 +71,7 @@ class Gateway:
             # The httpx the installed openai builds on (httpx, or httpx2 in recent releases), for its ASGITransport.
             base = next(c for c in openai.DefaultAsyncHttpxClient.__mro__ if c.__name__ == "AsyncClient")
             library = importlib.import_module(base.__module__.split(".")[0])
-            transport = library.ASGITransport(app=self._app)
+            transport = library.ASGITransport(app=self._app, raise_app_exceptions=False)
             self._http_client = openai.DefaultAsyncHttpxClient(transport=transport, timeout=None)
         return self._http_client
 
@@ -121,7 +113,10 @@ class Gateway:
         return session
 
     def close_session(self, session: GatewaySession) -> None:
+        """End ``session``: later calls get a 401, and calls still in flight are cancelled (their engine requests
+        aborted), so nothing of a finished or timed-out trajectory goes on computing."""
         self.sessions.pop(session.id, None)
+        session.cancel_calls()
 
     def base_url(self, session: GatewaySession) -> str:
         return f"http://{self.host}:{self.port}/t/{session.id}/v1"
@@ -157,8 +152,8 @@ class Gateway:
         try:
             self._session(request)
         except GatewayError as exc:
-            return _error(exc)
-        model = Model(id=self.chat_model.model_name, created=0, object="model", owned_by="lit-agentrl")
+            return error_response(exc)
+        model = Model(id=SERVED_MODEL, created=0, object="model", owned_by="lit-agentrl")
         return JSONResponse({"object": "list", "data": [model.model_dump()]})
 
     async def _completions(self, request: Any) -> Any:
@@ -166,61 +161,86 @@ class Gateway:
 
         try:
             session = self._session(request)
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise GatewayError(400, "the request body must be a JSON object")
-            completion = await self.complete(session, body)
         except GatewayError as exc:
-            return _error(exc)
-        if body.get("stream"):
-            return StreamingResponse(_stream(completion, body), media_type="text/event-stream")
-        return Response(completion.model_dump_json(exclude_none=True), media_type="application/json")
+            return error_response(exc)
+        try:
+            chat = parse_request(parse_body(await request.body()))
+            answer = await self._serve(session, chat)
+        except GatewayError as exc:
+            if exc.status < 500:  # the agent's fault: nothing was recorded, and the trajectory goes on
+                session.refused_calls += 1
+            return error_response(exc)
+        if chat.stream:
+            return StreamingResponse(stream_events(answer, chat), media_type="text/event-stream")
+        return Response(answer.model_dump_json(exclude_none=True), media_type="application/json")
+
+    async def _serve(self, session: GatewaySession, chat: ChatRequest) -> Any:
+        """:meth:`complete` as a task of the session's (closing the session cancels it, and with it the engine's
+        request), its faults turned into errors: a prompt over the engine's context a 400, the engine's own a 500 that
+        also fails the trajectory."""
+        work = asyncio.ensure_future(self.complete(session, chat))
+        session.calls_in_flight.add(work)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():  # our caller's own cancellation: it goes on up
+                raise
+            raise GatewayError(
+                409, "the trajectory ended while this call was in flight; the call was cancelled"
+            ) from None
+        except PromptTooLongError as exc:
+            raise GatewayError(400, str(exc), "messages", "context_length_exceeded") from None
+        except (
+            Exception
+        ) as exc:  # the engine's fault, not the agent's: the trajectory must not train as if it were fine
+            reason = f"gateway: the engine failed a call ({type(exc).__name__}: {exc})"
+            log.warning("%s", reason, exc_info=exc)
+            if session.context is not None:
+                session.context.faults.append(reason)
+            raise GatewayError(500, reason) from exc
+        finally:
+            session.calls_in_flight.discard(work)
 
     # ------------------------------------------------------------------------------------------ one call
 
-    async def complete(self, session: GatewaySession, body: dict[str, Any]) -> Any:
-        """One ``chat.completions`` call of ``session``'s trajectory: generated, recorded, answered."""
-        messages, tools = _messages(body), body.get("tools") or None
-        choices, tool_choice = _choices(body), _tool_choice(body, tools)
+    async def complete(self, session: GatewaySession, chat: ChatRequest) -> Any:
+        """One ``chat.completions`` call of ``session``'s trajectory: generated, then recorded, then answered. Nothing
+        is recorded unless every choice was generated."""
         if session.context is not None:
             enter_trajectory(session.context)  # this request's task: the trajectory's tag and sampling params
-        params = self._sampling(session, body)
-        sample, suffix = self._sample_for(session, messages, tools)
-        # Choice 0 continues the sample; the others continue copies of it, which become samples of their own.
-        branches = [sample] + [sample.branch() for _ in range(choices - 1)]
-        session.samples += branches[1:]
-        if choices == 1:  # no task to create for the usual call
-            turns = [await self._turn(sample, suffix, tools, params)]
-        else:
-            turns = list(await asyncio.gather(*(self._turn(branch, suffix, tools, params) for branch in branches)))
-        session.last = sample
+        params = self._sampling(session, chat)
+        call = session.plan(chat.messages, chat.tools, chat.choices, self._renderer(chat), self._suffix(chat))
+        try:
+            turns = await self._generate(call, chat.tools, params)
+            session.commit(call)
+        finally:
+            session.release(call)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         replies = []
-        for index, (branch, turn) in enumerate(zip(branches, turns)):
-            replies.append(self._record(session, branch, turn, tool_choice))
+        for index, (sample, turn) in enumerate(zip(call.starts, turns)):
+            replies.append(self._record(session, sample, turn, chat.tool_choice))
             # An agent names a choice by "<id>/<index>", or the first by the response's id alone.
-            branch.completion_ids += (
+            sample.completion_ids += (
                 [completion_id, f"{completion_id}/0"] if index == 0 else [f"{completion_id}/{index}"]
             )
-        return _completion(completion_id, self.chat_model.model_name, replies, turns, body, self.chat_model.tokenizer)
+        return completion(completion_id, replies, turns, chat, self.chat_model.tokenizer)
 
-    def _sample_for(
-        self, session: GatewaySession, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> tuple[GatewaySample, list[int]]:
-        """The sample the call continues, with its new turns encoded as a suffix, or a new one rendered as sent."""
-        found = session.continuation(messages, tools)
-        if found is None:
-            ids = self.chat_model.render_ids(messages, tools, add_generation_prompt=True)
-            sample = GatewaySample(ids, [0] * len(ids), [0.0] * len(ids), len(ids), tools)
-            sample.conversation = [normalized(m) for m in messages]
-            sample.messages = list(messages)
-            session.samples.append(sample)
-            return sample, []
-        sample, new = found
-        suffix = self.chat_model.encode_suffix(new, tools, sample.output_ids)
-        sample.conversation += [normalized(m) for m in new]
-        sample.messages += new
-        return sample, suffix
+    def _renderer(self, chat: ChatRequest) -> Any:
+        return lambda: self.chat_model.render_ids(chat.messages, chat.tools, add_generation_prompt=True)
+
+    def _suffix(self, chat: ChatRequest) -> Any:
+        return lambda sample, new: self.chat_model.encode_suffix(new, chat.tools, sample.output_ids)
+
+    async def _generate(
+        self, call: PlannedCall, tools: list[dict[str, Any]] | None, params: dict[str, Any]
+    ) -> list[Any]:
+        """Each choice's turn; the first failure cancels the others (the call then records nothing)."""
+        if len(call.starts) == 1:  # no task to create for the usual call
+            return [await self._turn(call.starts[0], call.suffix, tools, params)]
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self._turn(start, call.suffix, tools, params)) for start in call.starts]
+        return [task.result() for task in tasks]
 
     async def _turn(
         self, sample: GatewaySample, suffix: list[int], tools: list[dict[str, Any]] | None, params: dict[str, Any]
@@ -235,44 +255,35 @@ class Gateway:
             params,
         )
 
-    def _sampling(self, session: GatewaySession, body: dict[str, Any]) -> dict[str, Any]:
+    def _sampling(self, session: GatewaySession, chat: ChatRequest) -> dict[str, Any]:
         run = session.context.sampling_params if session.context is not None else None
         if run is None:
             raise GatewayError(500, "the trajectory has no sampling parameters (not started by a rollout)")
         params = dict(run)
-        for key in IGNORED_SAMPLING:
-            if body.get(key) is not None and body[key] != params.get(key, 1.0) and key not in self._warned:
+        for key, asked in chat.asked_sampling.items():
+            if asked != params.get(key, 1.0) and key not in self._warned:
                 self._warned.add(key)
                 log.warning(
                     "gateway: the agent asked for %s=%s; the run's %s=%s is used (the trainer's log-probs assume "
                     "it). Said once.",
                     key,
-                    body[key],
+                    asked,
                     key,
                     params.get(key, 1.0),
                 )
-        limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        if limit is not None:
-            params["max_new_tokens"] = min(int(limit), int(params.get("max_new_tokens", limit)))
-        stop = body.get("stop")
-        if stop:
-            params["stop"] = [stop] if isinstance(stop, str) else list(stop)
+        if chat.max_tokens is not None:
+            params["max_new_tokens"] = min(chat.max_tokens, int(params.get("max_new_tokens", chat.max_tokens)))
+        if chat.stop:
+            params["stop"] = chat.stop
         return params
 
     def _record(self, session: GatewaySession, sample: GatewaySample, turn: Any, tool_choice: Any) -> dict[str, Any]:
         """Keep the turn's tokens in ``sample``; the reply as an OpenAI assistant message."""
         meta = turn.response_metadata
-        sample.token_ids, sample.loss_mask, sample.logprobs = meta["token_ids"], meta["loss_mask"], meta["logprobs"]
-        sample.finish_reason = meta["finish_reason"]
-        sample.num_model_turns += 1
-        sample.num_tool_calls += len(turn.tool_calls) + len(turn.invalid_tool_calls)
-        reply = _reply(turn, meta["raw_text"] if tool_choice == "none" else None)
+        reply = reply_message(turn, meta["raw_text"] if tool_choice == "none" else None)
         if tool_choice not in (None, "auto", "none"):
             self._check_tool_choice(session, reply, tool_choice)
-        sample.conversation.append(normalized(reply))
-        sample.replies.append(len(sample.messages))
-        sample.outputs.append(list(meta["output_ids"]))
-        sample.messages.append(reply)
+        sample.add_reply(reply, meta, len(turn.tool_calls) + len(turn.invalid_tool_calls))
         return reply
 
     def _check_tool_choice(self, session: GatewaySession, reply: dict[str, Any], tool_choice: Any) -> None:
@@ -292,168 +303,3 @@ class Gateway:
                 "metric tool_choice_unmet. Said once.",
                 json.dumps(tool_choice),
             )
-
-
-def _choices(body: dict[str, Any]) -> int:
-    n = body.get("n")
-    if n is None:
-        return 1
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
-        raise GatewayError(400, f"n must be an integer from 1 to {MAX_CHOICES}, got {n!r}")
-    return n
-
-
-def _tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> Any:
-    """The request's ``tool_choice``, checked: ``auto``, ``none``, ``required`` or a named function of ``tools``."""
-    choice = body.get("tool_choice")
-    if choice is None or choice in ("auto", "none"):
-        return choice
-    names = [(tool.get("function") or {}).get("name") for tool in tools or []]
-    if choice == "required":
-        if not names:
-            raise GatewayError(400, "tool_choice 'required' needs tools")
-        return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        name = (choice.get("function") or {}).get("name")
-        if name not in names:
-            raise GatewayError(400, f"tool_choice names the function {name!r}, which is not among the tools {names}")
-        return choice
-    raise GatewayError(400, f"tool_choice must be 'auto', 'none', 'required' or a named function, got {choice!r}")
-
-
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise GatewayError(400, "messages must be a non-empty list of message objects")
-    for index, message in enumerate(messages):
-        if message.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-            raise GatewayError(400, f"messages[{index}].role must be system, user, assistant or tool")
-        parts = message.get("content") if isinstance(message.get("content"), list) else []
-        for k, part in enumerate(parts):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            if kind not in TEXT_PARTS:  # never dropped in silence: the model would train on a prompt it never saw
-                raise GatewayError(
-                    400,
-                    f"messages[{index}].content[{k}] is a {kind!r} part: the gateway renders text parts only (a "
-                    "vision-language agent is written as an AgentGraph, whose ChatModel renders images)",
-                )
-    # Text parts become one string (chat templates such as Qwen's take strings); "developer" is "system".
-    return [
-        dict(m, role="system" if m["role"] == "developer" else m["role"], content=flat_text(m.get("content")))
-        if isinstance(m.get("content"), list) or m["role"] == "developer"
-        else m
-        for m in messages
-    ]
-
-
-def _reply(turn: Any, raw_text: str | None = None) -> dict[str, Any]:
-    """The model's turn as an OpenAI assistant message (tool calls with ids and JSON arguments); with ``raw_text``
-    (``tool_choice: none``) its text as generated, tool-call markup included, and no calls."""
-    if raw_text is not None:
-        return {"role": "assistant", "content": raw_text}
-    reply: dict[str, Any] = {"role": "assistant", "content": turn.content or None}
-    calls = [
-        {
-            "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": call["name"], "arguments": json.dumps(call["args"])},
-        }
-        for call in turn.tool_calls
-    ]
-    if calls:
-        reply["tool_calls"] = calls
-    return reply
-
-
-def _finish(meta: dict[str, Any], reply: dict[str, Any]) -> str:
-    if (meta.get("finish_reason") or {}).get("type") == "length":
-        return "length"
-    return "tool_calls" if reply.get("tool_calls") else "stop"
-
-
-def _completion(
-    completion_id: str,
-    model: str,
-    replies: list[dict[str, Any]],
-    turns: list[Any],
-    body: dict[str, Any],
-    tokenizer: Any,
-) -> Any:
-    """The ``chat.completion`` of one call: a choice per reply (``n``), usage over them all."""
-    from openai.types.chat import ChatCompletion
-
-    choices, completion_tokens = [], 0
-    for index, (reply, turn) in enumerate(zip(replies, turns)):
-        meta = turn.response_metadata
-        output_ids = meta["output_ids"]
-        completion_tokens += len(output_ids)
-        choice: dict[str, Any] = {"index": index, "message": reply, "finish_reason": _finish(meta, reply)}
-        if body.get("logprobs"):
-            values = meta["logprobs"][-len(output_ids) :] if output_ids else []
-            choice["logprobs"] = {
-                "content": [
-                    {"token": tokenizer.decode([token]), "logprob": value, "bytes": None, "top_logprobs": []}
-                    for token, value in zip(output_ids, values)
-                ]
-            }
-        choices.append(choice)
-    first = turns[0].response_metadata
-    prompt = len(first["token_ids"]) - len(first["output_ids"])
-    return ChatCompletion.model_validate(
-        {
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt + completion_tokens,
-            },
-        }
-    )
-
-
-async def _stream(completion: Any, body: dict[str, Any]) -> AsyncIterator[str]:
-    """The finished completion as server-sent ``chat.completion.chunk`` events (each turn is generated whole)."""
-    from openai.types.chat import ChatCompletionChunk
-
-    base = {
-        "id": completion.id,
-        "object": "chat.completion.chunk",
-        "created": completion.created,
-        "model": completion.model,
-    }
-    chunks = []
-    for choice in completion.choices:
-        message = choice.message
-        delta: dict[str, Any] = {"role": "assistant", "content": message.content}
-        if message.tool_calls:
-            delta["tool_calls"] = [
-                {
-                    "index": i,
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.function.name, "arguments": call.function.arguments},
-                }
-                for i, call in enumerate(message.tool_calls)
-            ]
-        chunks.append({**base, "choices": [{"index": choice.index, "delta": delta, "finish_reason": None}]})
-        chunks.append(
-            {**base, "choices": [{"index": choice.index, "delta": {}, "finish_reason": choice.finish_reason}]}
-        )
-    if (body.get("stream_options") or {}).get("include_usage"):
-        chunks.append({**base, "choices": [], "usage": completion.usage.model_dump()})
-    for chunk in chunks:
-        yield f"data: {ChatCompletionChunk.model_validate(chunk).model_dump_json(exclude_none=True)}\n\n"
-    yield "data: [DONE]\n\n"
-
-
-def _error(exc: GatewayError) -> Any:
-    from starlette.responses import JSONResponse
-
-    kind = (
-        "invalid_request_error" if exc.status == 400 else "authentication_error" if exc.status == 401 else "api_error"
-    )
-    return JSONResponse({"error": {"message": str(exc), "type": kind, "code": exc.status}}, status_code=exc.status)

@@ -6,19 +6,26 @@ same messages, then only tool or user messages), the new messages are encoded as
 them after an assistant turn and appended to the sample's tokens, so the model's earlier tokens stay exactly as
 sampled. Anything else (the agent rewrote or compacted its history, or a sub-agent started a fresh context)
 starts a new sample of the same trajectory, rendered from the messages as sent.
+
+A call changes the session only once it has succeeded (:meth:`GatewaySession.commit`): a refused or failed call
+leaves nothing behind. Calls of one trajectory may overlap: a call that continues a sample another call is still
+extending continues a branch of it instead (its earlier tokens masked, trained once in the original), so each
+reply is attributed to exactly the context it was sampled from.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from lit_agentrl.context import TrajectoryContext
 from lit_agentrl.types import TokenSequence
 
-__all__ = ["GatewaySample", "GatewaySession", "flat_text", "normalized"]
+__all__ = ["GatewaySample", "GatewaySession", "PlannedCall", "flat_text", "normalized"]
 
 
 @dataclass
@@ -44,11 +51,36 @@ class GatewaySample:
     completion_ids: list[str] = field(default_factory=list)
     """Names of the replies whose tokens it holds: ``<response id>/<choice index>``, and the response id alone for
     a first choice (an agent gives a sample a reward of its own by one of them)."""
+    extending: bool = False
+    """Whether a call in flight is extending it: an overlapping call that continues it takes a branch instead."""
+
+    @classmethod
+    def prompt(cls, ids: list[int], tools: list[dict[str, Any]] | None) -> GatewaySample:
+        """A new sample of prompt ``ids`` (the call's messages, rendered; :meth:`GatewaySession.commit` records
+        them as its conversation)."""
+        return cls(ids, [0] * len(ids), [0.0] * len(ids), len(ids), tools)
 
     @property
     def output_ids(self) -> list[int]:
         """The last reply's generated ids (a continuation's suffix drops a repeated end-of-turn token)."""
         return self.outputs[-1] if self.outputs else []
+
+    def add_reply(self, reply: dict[str, Any], meta: dict[str, Any], tool_calls: int) -> None:
+        """Record the model's turn: the tokens ``ChatModel.generate_turn`` extended (``meta``, its response
+        metadata), and ``reply`` (as the gateway answered it) in the conversation."""
+        self.token_ids, self.loss_mask, self.logprobs = meta["token_ids"], meta["loss_mask"], meta["logprobs"]
+        self.finish_reason = meta["finish_reason"]
+        self.num_model_turns += 1
+        self.num_tool_calls += tool_calls
+        self.conversation.append(normalized(reply))
+        self.replies.append(len(self.messages))
+        self.outputs.append(list(meta["output_ids"]))
+        self.messages.append(reply)
+
+    @property
+    def last_reply(self) -> str:
+        """The text of the model's latest reply, as the gateway returned it ("" before any)."""
+        return flat_text(self.messages[self.replies[-1]].get("content")) if self.replies else ""
 
     def sequence(self, reward: float | None = None) -> TokenSequence:
         """Its tokens as a trajectory's :class:`~lit_agentrl.types.TokenSequence` (copies)."""
@@ -74,6 +106,21 @@ class GatewaySample:
 
 
 @dataclass
+class PlannedCall:
+    """Where one call samples from, decided before it generates and kept apart from the session until it succeeds."""
+
+    starts: list[GatewaySample]
+    """Each choice's sample: the one the call continues (choice 0, when no other call is extending it), else a branch
+    of it, or a new sample; each ends with the call's new turns once committed."""
+    new_messages: list[dict[str, Any]]
+    """The messages the call adds to its samples' conversation (all of them for a new sample)."""
+    suffix: list[int]
+    """The new messages' ids after the samples' tokens (empty for a new sample, whose prompt holds them)."""
+    continued: GatewaySample | None = None
+    """The session's sample choice 0 extends in place (marked :attr:`GatewaySample.extending` until the call ends)."""
+
+
+@dataclass
 class GatewaySession:
     """A trajectory's samples, and the trajectory's context, entered by every call made for it."""
 
@@ -86,6 +133,56 @@ class GatewaySession:
     """Calls whose ``tool_choice`` asked for a tool call (``required`` or a named function)."""
     unmet_tool_choices: int = 0
     """Of those, calls whose reply did not make the call asked for (the engine samples freely)."""
+    refused_calls: int = 0
+    """Calls answered with an error (a 4xx): they left nothing in the trajectory."""
+    calls_in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
+    """The tasks serving its calls now: cancelled when the trajectory ends, so the engine aborts their requests."""
+
+    def plan(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        choices: int,
+        render: Callable[[], list[int]],
+        encode: Callable[[GatewaySample, list[dict[str, Any]]], list[int]],
+    ) -> PlannedCall:
+        """Where a call of ``messages`` samples its ``choices`` from: the sample it continues (``encode`` gives the new
+        turns' ids after it), or a new one of ``render``'s ids. Choice 0 extends a continued sample in place unless an
+        overlapping call is extending it; every other start is a branch, whose earlier tokens are the original's to
+        train. Marks what it continues as extended: :meth:`release` it when the call ends, succeeded or not."""
+        found = self.continuation(messages, tools)
+        if found is None:
+            first, new, suffix, continued = GatewaySample.prompt(render(), tools), list(messages), [], None
+        else:
+            sample, new = found
+            suffix = encode(sample, new)
+            continued = None if sample.extending else sample
+            first = sample if continued is not None else sample.branch()
+        if continued is not None:
+            continued.extending = True
+        starts = [first] + [first.branch() for _ in range(choices - 1)]
+        return PlannedCall(starts, new, suffix, continued)
+
+    def commit(self, call: PlannedCall) -> None:
+        """Record a succeeded call's new turns in its samples and make them the session's (the replies themselves
+        are appended by the caller); the first choice's sample becomes the main sequence."""
+        normalized_new = [normalized(m) for m in call.new_messages]
+        for start in call.starts:
+            start.conversation += normalized_new
+            start.messages += call.new_messages
+            if start is not call.continued:
+                self.samples.append(start)
+        self.last = call.starts[0]
+
+    @staticmethod
+    def release(call: PlannedCall) -> None:
+        if call.continued is not None:
+            call.continued.extending = False
+
+    def cancel_calls(self) -> None:
+        """Cancel the calls still in flight (the trajectory ended or timed out): their engine requests are aborted."""
+        for task in list(self.calls_in_flight):
+            task.cancel()
 
     def continuation(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None

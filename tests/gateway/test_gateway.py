@@ -65,7 +65,7 @@ def test_an_openai_tool_loop_trains_on_the_sampled_tokens(scripted_engine_factor
     assert "<tool_response>\n5\n</tool_response>" in tokenizer.decode(ids[prompt:])
     roles = [m["role"] for m in trajectory.messages]
     assert roles == ["user", "assistant", "tool", "assistant"]
-    assert trajectory.extra_fields["metrics"] == {"turns": 1.0}
+    assert trajectory.extra_fields["metrics"] == {"turns": 1.0, "refused_calls": 0.0}
     assert trajectory.extra_fields["template_drift"] == 0  # the tool turn appended as the template renders it
     assert not gateway_module._gateways  # the manager's close stopped the gateway its agents started
 

@@ -170,7 +170,8 @@ def test_tool_choice_none_answers_in_text_and_unmet_forced_calls_are_counted(
     assert "tool_calls" not in none and '"name": "add"' in none["content"]  # the markup, as text
     assert named["tool_calls"][0]["function"]["name"] == "add"
     assert "tool_calls" not in required and required["content"] == "No tool for me."
-    assert trajectory.extra_fields["metrics"] == {"tool_choice_unmet": 1.0}
+    # The call naming an unknown function was refused (and counted), leaving nothing behind.
+    assert trajectory.extra_fields["metrics"] == {"tool_choice_unmet": 1.0, "refused_calls": 1.0}
     assert sum("tool_choice_unmet" in r.message for r in caplog.records) == 1
 
 
