@@ -11,7 +11,7 @@ from lit_agentrl.agents.openai_client import AgentResult, OpenAIClientAgent, reg
 from lit_agentrl.agents.registry import get_agent_class, import_agent_modules, register, registered_agents
 
 # Built-in agents register themselves on import.
-from lit_agentrl.agents import geo3k, guess_digit, mathcode, matheval, single_turn, vision_toy  # noqa: F401  isort: skip
+from lit_agentrl.agents import geo3k, guess_digit, mathcode, matheval, openai_command, single_turn, vision_toy  # noqa: F401  isort: skip
 
 __all__ = [
     "AgentGraph",

@@ -18,15 +18,11 @@ The tokens trained are the tokens the engine sampled: the gateway records them c
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from lit_agentrl.agents.base import MESSAGES_FIELD, AgentGraph, AgentGraphOutput
-from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.drift import count_openai_drift
 from lit_agentrl.agents.registry import register
 from lit_agentrl.context import current_trajectory
@@ -98,7 +94,7 @@ class OpenAIClientAgent(AgentGraph):
         }
         if self.check_template_drift:
             extra["template_drift"] = sum(self._drift(sample) for sample in session.samples)
-        metrics = dict(result.metrics)
+        metrics = {"refused_calls": float(session.refused_calls), **result.metrics}
         if session.forced_calls:
             metrics.setdefault("tool_choice_unmet", float(session.unmet_tool_choices))
         if metrics:
@@ -109,8 +105,7 @@ class OpenAIClientAgent(AgentGraph):
                 "which the trajectory's reward scores: return its reward as the reward"
             )
         tokens = main.sequence()
-        response = tokens.all_token_ids[len(tokens.prompt_ids) :]
-        text = self.tokenizer.decode(response) if result.final_answer is None else result.final_answer
+        text = main.last_reply if result.final_answer is None else result.final_answer
         return AgentGraphOutput(
             str_output=text,
             prompt_ids=tokens.prompt_ids,
@@ -175,53 +170,3 @@ def register_openai_agent(
         return function
 
     return decorator
-
-
-COMMAND_KEY = "command"
-"""The agent YAML key of ``openai_command``: the program to run per trajectory, as an argv list."""
-
-
-@register_openai_agent("openai_command")
-async def run_command(client: Any, row: dict[str, Any], cfg: Any) -> AgentResult | None:
-    """A separate program as the agent: the agent YAML's ``command`` runs once per trajectory, with
-    ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` pointing at the trajectory's gateway and the row as JSON on stdin.
-    Its stdout's last line may be a number (the reward) or a JSON object with ``reward``, ``final_answer`` and
-    ``metrics``; otherwise the row's reward function scores the last reply. A non-zero exit fails the trajectory."""
-    command = cfg_get(cfg, COMMAND_KEY, None)
-    if not command or isinstance(command, str) or not all(isinstance(part, str) for part in command):
-        raise ValueError(f"openai_command: the agent YAML needs `{COMMAND_KEY}:` as a list of strings, got {command!r}")
-    env = {**os.environ, "OPENAI_BASE_URL": str(client.base_url), "OPENAI_API_KEY": str(client.api_key)}
-    proc = await asyncio.create_subprocess_exec(
-        *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
-    )
-    try:
-        out, err = await proc.communicate(json.dumps(row, default=str).encode())
-    finally:
-        if proc.returncode is None:  # cancelled or timed out: the program goes with its trajectory
-            proc.kill()
-            await proc.wait()
-    if proc.returncode != 0:
-        tail = err.decode(errors="replace").strip()[-2000:]
-        raise RuntimeError(f"openai_command {command[0]!r} exited with status {proc.returncode}: {tail}")
-    return _command_result(out.decode(errors="replace"))
-
-
-def _command_result(stdout: str) -> AgentResult | None:
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    if not lines:
-        return None
-    try:
-        last = json.loads(lines[-1])
-    except ValueError:
-        return None
-    if isinstance(last, (int, float)) and not isinstance(last, bool):
-        return AgentResult(reward=float(last))
-    if isinstance(last, dict) and set(last) <= {"reward", "final_answer", "metrics", "sequence_rewards"}:
-        reward = last.get("reward")
-        return AgentResult(
-            reward=None if reward is None else float(reward),
-            final_answer=last.get("final_answer"),
-            metrics={str(k): float(v) for k, v in (last.get("metrics") or {}).items()},
-            sequence_rewards={str(k): float(v) for k, v in (last.get("sequence_rewards") or {}).items()},
-        )
-    return None
