@@ -1,17 +1,21 @@
 """The sandbox's system-call filters (seccomp), compiled by libseccomp into the BPF programs the kernel runs.
 
-Two filters, both denying with ``EPERM`` (``ENOSYS`` for ``clone3``, so the C library falls back to ``clone``,
-whose flags a filter can see):
+Two filters:
 
-* :func:`boundary_filter`, loaded by bubblewrap just before it starts the interpreter: what Python code never
-  needs and what would reach past the run's namespaces and limits (:data:`DENIED`), namespace flags on
-  ``clone``, socket families other than local, IPv4 and IPv6, ``fallocate`` modes other than 0 (the others get
-  past ``RLIMIT_FSIZE``), ``ioctl(TIOCSTI)``, ``personality`` other than plain Linux.
+* :func:`boundary_filter`, loaded by bubblewrap (for the interpreter and for its own PID 1) just before it starts
+  the interpreter: an allow-list (:mod:`.allowed`, measured). What is not on it is refused with ``ENOSYS``, as by
+  a kernel without the call, so libraries take their fallbacks; that default covers every number, those this
+  libseccomp has no name for included. The calls of :data:`DENIED` get ``EPERM`` (clearer to the code). Calls
+  allowed for some arguments only, compared at the width the kernel reads (an ``int`` argument on its low 32
+  bits, the rest of the register ignored as the kernel ignores it): ``clone`` without namespace flags (``EPERM``
+  with one), ``socket``/``socketpair`` of local, IPv4 and IPv6 families (``EAFNOSUPPORT`` for the others), a
+  few ``ioctl`` requests and ``prctl`` options, ``fallocate`` with mode 0 (the others get past
+  ``RLIMIT_FSIZE``); other arguments get the default, ``ENOSYS``.
 * :func:`exec_filter`, loaded by the child itself once its interpreter has started and before the model's
   code runs: no ``execve``/``execveat``, so no second program (and no fresh interpreter without the hook).
 
-A filter for another architecture than the machine's kills the calling process (libseccomp's default for a
-foreign architecture), so 32-bit system calls do not get around the lists.
+A system call of another architecture than the machine's (x32, or i386 through ``int 0x80`` on x86-64) kills
+the calling process (libseccomp's action for a foreign architecture).
 """
 
 from __future__ import annotations
@@ -19,99 +23,28 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import socket
 from collections.abc import Iterable
 
-__all__ = ["DENIED", "boundary_filter", "exec_filter", "seccomp_missing"]
+from lit_agentrl.tools.sandbox.allowed import (
+    ALLOWED,
+    CLONE_NAMESPACES,
+    DENIED,
+    IOCTLS,
+    PRCTL_OPTIONS,
+    SOCKET_FAMILIES,
+)
 
-DENIED: dict[str, tuple[str, ...]] = {
-    "keyrings (the parent's session keyring, the uid's user keyring)": ("add_key", "keyctl", "request_key"),
-    "memory outside the address-space limit, and memory fault handling": (
-        "memfd_create",
-        "memfd_secret",
-        "userfaultfd",
-    ),
-    "io_uring (system calls a filter cannot see)": ("io_uring_setup", "io_uring_enter", "io_uring_register"),
-    "other processes' memory": ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd"),
-    "mounts and namespaces": (
-        "mount",
-        "umount2",
-        "pivot_root",
-        "chroot",
-        "open_tree",
-        "move_mount",
-        "fsopen",
-        "fsconfig",
-        "fsmount",
-        "fspick",
-        "mount_setattr",
-        "unshare",
-        "setns",
-    ),
-    "files by handle (past every directory's permissions)": ("open_by_handle_at", "name_to_handle_at"),
-    "the kernel's programs and counters": ("bpf", "perf_event_open", "fanotify_init", "lookup_dcookie"),
-    "System V and POSIX message-queue IPC": (
-        "msgget",
-        "msgsnd",
-        "msgrcv",
-        "msgctl",
-        "semget",
-        "semop",
-        "semtimedop",
-        "semctl",
-        "shmget",
-        "shmat",
-        "shmdt",
-        "shmctl",
-        "mq_open",
-        "mq_unlink",
-        "mq_timedsend",
-        "mq_timedreceive",
-        "mq_notify",
-        "mq_getsetattr",
-    ),
-    "the machine's administration": (
-        "init_module",
-        "finit_module",
-        "delete_module",
-        "kexec_load",
-        "kexec_file_load",
-        "reboot",
-        "swapon",
-        "swapoff",
-        "syslog",
-        "acct",
-        "quotactl",
-        "quotactl_fd",
-        "settimeofday",
-        "clock_settime",
-        "clock_adjtime",
-        "adjtimex",
-        "ioperm",
-        "iopl",
-        "vhangup",
-        "uselib",
-        "sysfs",
-        "nfsservctl",
-        "sethostname",
-        "setdomainname",
-        "mknod",
-        "mknodat",
-        "mbind",
-        "set_mempolicy",
-        "migrate_pages",
-        "move_pages",
-    ),
-}
-"""The system calls :func:`boundary_filter` denies outright, by what they would reach."""
+__all__ = ["DENIED", "boundary_filter", "exec_filter", "known", "seccomp_missing"]
 
-CLONE_NAMESPACES = 0x7E020000
-"""``CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET``: a ``clone`` with any is denied."""
-SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
-"""The only socket families allowed (the network namespace has nothing to reach with them)."""
-TIOCSTI = 0x5412
-PER_LINUX = 0
+INT = 0xFFFFFFFF
+"""The mask of an ``int`` argument: the kernel reads the register's low 32 bits."""
+AF_MAX = 64
+"""Above every address family this kernel generation has (AF_MAX is 46): each lower one gets ``EAFNOSUPPORT``."""
 EXEC_CALLS = ("execve", "execveat")
+
+Rule = tuple[int, str, tuple[object, ...]]
+"""An action (``ALLOW`` or an errno), a system call's name, and argument conditions (all must hold)."""
+ALLOW = -1
 
 
 def seccomp_missing() -> str | None:
@@ -123,19 +56,26 @@ def seccomp_missing() -> str | None:
     return None
 
 
-def _compile(rules: Iterable[tuple[int, str, tuple[object, ...]]]) -> bytes:
-    """A BPF program that allows everything but ``rules`` (errno, system call, argument conditions)."""
+def known(name: str) -> bool:
+    """Whether this libseccomp knows ``name`` as a system call of this machine's architecture."""
     import pyseccomp as sc
 
-    flt = sc.SyscallFilter(sc.ALLOW)
-    arch = sc.system_arch()
-    for error, name, conditions in rules:
-        try:
-            if int(sc.resolve_syscall(arch, name)) < 0:
-                continue  # not a system call on this architecture
-        except ValueError:
-            continue  # a name this libseccomp does not know
-        flt.add_rule(sc.ERRNO(error), name, *conditions)
+    try:
+        return int(sc.resolve_syscall(sc.system_arch(), name)) >= 0
+    except ValueError:
+        return False
+
+
+def _compile(default: int, rules: Iterable[Rule]) -> bytes:
+    """A BPF program: each rule's action where it matches, ``default`` (``ALLOW`` or an errno) elsewhere. Names
+    this libseccomp does not know are skipped: the default covers their numbers."""
+    import pyseccomp as sc
+
+    flt = sc.SyscallFilter(sc.ALLOW if default == ALLOW else sc.ERRNO(default))
+    flt.set_attr(sc.Attr.CTL_OPTIMIZE, 2)  # a binary tree: each call costs log(rules), not a walk of them all
+    for action, name, conditions in rules:
+        if known(name):
+            flt.add_rule(sc.ALLOW if action == ALLOW else sc.ERRNO(action), name, *conditions)
     read, write = os.pipe()
     try:
         with os.fdopen(write, "wb", closefd=True) as sink:
@@ -148,29 +88,39 @@ def _compile(rules: Iterable[tuple[int, str, tuple[object, ...]]]) -> bytes:
         os.close(read)
 
 
+def _argument_rules() -> list[Rule]:
+    """The calls allowed for some arguments only (see the module's docstring)."""
+    import pyseccomp as sc
+
+    def low(index: int, value: int) -> object:
+        return sc.Arg(index, sc.MASKED_EQ, INT, value)
+
+    # clone: the kernel reads the flags' low 32 bits, where every namespace flag is, so the mask is the width
+    rules: list[Rule] = [(ALLOW, "clone", (sc.Arg(0, sc.MASKED_EQ, CLONE_NAMESPACES, 0),))]
+    rules += [(errno.EPERM, "clone", (sc.Arg(0, sc.MASKED_EQ, 1 << bit, 1 << bit),)) for bit in _bits(CLONE_NAMESPACES)]
+    for call in ("socket", "socketpair"):
+        for family in range(AF_MAX):
+            rules.append((ALLOW if family in SOCKET_FAMILIES else errno.EAFNOSUPPORT, call, (low(0, family),)))
+    rules += [(ALLOW, "ioctl", (low(1, request),)) for request in IOCTLS.values()]
+    rules += [(ALLOW, "prctl", (low(0, option),)) for option in PRCTL_OPTIONS.values()]
+    rules.append((ALLOW, "fallocate", (low(1, 0),)))
+    return rules
+
+
+def _bits(mask: int) -> list[int]:
+    return [bit for bit in range(64) if mask >> bit & 1]
+
+
 @functools.cache
 def boundary_filter() -> bytes:
     """The run's main filter (see the module's docstring), as a BPF program for bubblewrap's ``--seccomp``."""
-    import pyseccomp as sc
-
-    rules: list[tuple[int, str, tuple[object, ...]]] = [
-        (errno.EPERM, name, ()) for names in DENIED.values() for name in names
-    ]
-    rules.append((errno.ENOSYS, "clone3", ()))
-    for bit in range(32):
-        flag = 1 << bit
-        if CLONE_NAMESPACES & flag:
-            rules.append((errno.EPERM, "clone", (sc.Arg(0, sc.MASKED_EQ, flag, flag),)))
-    for family in range(64):  # AF_MAX is below 64
-        if family not in SOCKET_FAMILIES:
-            rules.append((errno.EAFNOSUPPORT, "socket", (sc.Arg(0, sc.EQ, family),)))
-    rules.append((errno.EPERM, "fallocate", (sc.Arg(1, sc.NE, 0),)))
-    rules.append((errno.EPERM, "ioctl", (sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, TIOCSTI),)))
-    rules.append((errno.EPERM, "personality", (sc.Arg(0, sc.NE, PER_LINUX),)))
-    return _compile(rules)
+    rules: list[Rule] = [(ALLOW, name, ()) for names in ALLOWED.values() for name in names]
+    rules += [(errno.EPERM, name, ()) for names in DENIED.values() for name in names]
+    rules += _argument_rules()
+    return _compile(errno.ENOSYS, rules)
 
 
 @functools.cache
 def exec_filter() -> bytes:
     """No more programs: the filter the child loads once its interpreter runs (see the module's docstring)."""
-    return _compile((errno.EPERM, name, ()) for name in EXEC_CALLS)
+    return _compile(ALLOW, [(errno.EPERM, name, ()) for name in EXEC_CALLS])
