@@ -22,6 +22,7 @@ from lit_agentrl.rollout.colocation import PhaseMemory
 from lit_agentrl.rollout.fleet import EngineFleet
 from lit_agentrl.rollout.health import RolloutHealth
 from lit_agentrl.rollout.loop import RolloutLoop
+from lit_agentrl.rollout.manager import DEFAULT_TRAJECTORY_TIMEOUT_S
 from lit_agentrl.rollout.metrics import RolloutMetrics
 from lit_agentrl.rollout.schedule import AsyncRollouts
 
@@ -36,8 +37,10 @@ class RolloutCallback(Callback):
         sampling_params: SGLang-style sampling parameters of training rollouts.
         val_n_samples: trajectories per validation prompt.
         val_sampling_params: sampling parameters of validation rollouts.
-        trajectory_timeout_s: a trajectory running longer is marked failed and left out of the loss.
-        check_template_drift: count ``rollout/template_drift`` (one template render per trajectory).
+        trajectory_timeout_s: a trajectory running longer is cancelled, its engine requests aborted, and marked failed
+            (left out of the loss). Default 1800 s; null: no limit, on purpose.
+        check_template_drift: count ``rollout/template_drift`` (one template render per trajectory; not logged when
+            off).
         max_failed_fraction: stop the run when more than this fraction of a step's trajectories (over all
             ranks) failed, quoting the most common reasons, instead of training on what is left.
         flat_reward_warn_steps: warn (naming the likely causes) when every prompt group's rewards have been equal
@@ -60,7 +63,7 @@ class RolloutCallback(Callback):
         sampling_params: dict[str, Any] | None = None,
         val_n_samples: int = 1,
         val_sampling_params: dict[str, Any] | None = None,
-        trajectory_timeout_s: float | None = None,
+        trajectory_timeout_s: float | None = DEFAULT_TRAJECTORY_TIMEOUT_S,
         check_template_drift: bool = True,
         max_failed_fraction: float = 0.5,
         flat_reward_warn_steps: int = 5,
@@ -77,7 +80,7 @@ class RolloutCallback(Callback):
             async_rollouts=async_rollouts,
         )
         self.health = RolloutHealth(max_failed_fraction, flat_reward_warn_steps)
-        self.metrics = RolloutMetrics()
+        self.metrics = RolloutMetrics(measures_drift=check_template_drift)
         self.loop: RolloutLoop | None = None
         self.fleet: EngineFleet | None = None
         self._restored: dict[str, Any] | None = None

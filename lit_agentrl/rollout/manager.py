@@ -35,6 +35,8 @@ from lit_agentrl.rollout.tail import GroupedRollout
 from lit_agentrl.rows import agent_run_kwargs
 from lit_agentrl.types import AGENT_METRICS_FIELD, RolloutBatch, RolloutStats, Trajectory
 
+DEFAULT_TRAJECTORY_TIMEOUT_S = 1800.0
+"""A trajectory's time limit unless set: one hung agent or tool must not hold a step forever (None only on purpose)."""
 DEFAULT_REWARD_WORKERS = 4
 """Reward threads per manager: enough for a few slow rewards at once, few enough to leave the event loop its turns
 (rewards are mostly pure Python and share the interpreter lock with it)."""
@@ -50,7 +52,8 @@ class RolloutManager:
         processor: handed to every graph; kept for the seed's signature and for vision-language agents; None for
             text models.
         max_inflight_per_engine: most trajectories running at once against one engine.
-        trajectory_timeout_s: a trajectory running longer is marked failed (None: no limit).
+        trajectory_timeout_s: a trajectory running longer is cancelled, its engine requests with it, and marked
+            failed (default :data:`DEFAULT_TRAJECTORY_TIMEOUT_S`; None: no limit, on purpose).
         reward_fn: name of the reward function for rows whose ``data_source`` names none and whose agent
             sets no ``reward_score`` (see :mod:`lit_agentrl.rewards`).
         check_template_drift: re-render each finished conversation through the chat template and count
@@ -70,7 +73,7 @@ class RolloutManager:
         tokenizer: Any,
         processor: Any = None,
         max_inflight_per_engine: int = 256,
-        trajectory_timeout_s: float | None = None,
+        trajectory_timeout_s: float | None = DEFAULT_TRAJECTORY_TIMEOUT_S,
         reward_fn: str | None = None,
         check_template_drift: bool = True,
         reward_workers: int = DEFAULT_REWARD_WORKERS,

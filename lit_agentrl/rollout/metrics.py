@@ -14,10 +14,13 @@ from lit_agentrl.types import AGENT_METRICS_FIELD, Trajectory
 
 
 class RolloutMetrics(torch.nn.Module):
-    """Per-step ``rollout/*`` values over every rank's trajectories (all ranks must call :meth:`compute`)."""
+    """Per-step ``rollout/*`` values over every rank's trajectories (all ranks must call :meth:`compute`).
+    ``measures_drift``: whether the trajectories carry their template drift (``check_template_drift``); without it
+    ``rollout/template_drift`` is not logged, where a 0 would read as a measurement."""
 
-    def __init__(self) -> None:
+    def __init__(self, measures_drift: bool = True) -> None:
         super().__init__()
+        self.measures_drift = measures_drift
         self.reward = MeanMetric()
         self.reward_sq = MeanMetric()
         self.length = MeanMetric()
@@ -74,8 +77,8 @@ class RolloutMetrics(torch.nn.Module):
             "rollout/reward_max": _finite(self.reward_max.compute()),
             "rollout/failed": float(self.failed.compute()),
             "rollout/trajectories": float(self.total.compute()),
-            "rollout/template_drift": float(self.drift.compute()),
             "rollout/tokens_per_s": float(self.tokens_per_s.compute()),
+            **({"rollout/template_drift": float(self.drift.compute())} if self.measures_drift else {}),
             **agent_metrics(ok),
         }
 

@@ -10,7 +10,7 @@ from langchain_core.messages import BaseMessage, ToolMessage
 from langgraph.graph import END, StateGraph
 from langgraph.graph.message import add_messages
 
-from lit_agentrl.agents import AgentGraph, register
+from lit_agentrl.agents import AgentGraph, register, register_openai_agent
 
 
 @register("always_raises_agent")
@@ -50,3 +50,22 @@ class HangingTool(AgentGraph):
     async def run(self, messages, sampling_params, **kwargs):
         state = await self.graph.ainvoke({"messages": list(messages)}, config={"configurable": {"sp": sampling_params}})
         return self.convert_agent_graph_output(state)
+
+
+@register_openai_agent("overlong_prompt_agent")
+async def overlong_prompt(client: Any, row: dict, cfg: Any) -> float:
+    """Sends a prompt far past the engine's context (a tool that returned a whole file): refused with a 400 before it
+    reaches the engine, which the agent does not catch."""
+    flood = [{"role": "user", "content": "7 " * 200_000}]
+    await client.chat.completions.create(model="policy", messages=flood)
+    return 1.0
+
+
+MISBEHAVING_PROGRAM = """
+import json, subprocess, sys
+import openai
+json.load(sys.stdin)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a child left holding stdout
+openai.OpenAI().chat.completions.create(model="policy", messages=[{"role": "user", "content": "1 ="}])
+print("reward is one")  # not a result line
+"""

@@ -230,3 +230,20 @@ def test_failed_trajectories_are_reported_every_step_with_each_reasons_traceback
     assert "1 x RuntimeError: agent exploded; 1 x ValueError: new" in caplog.text
     assert "first traceback of 'ValueError: new':\nTraceback: the new one" in caplog.text
     assert "first traceback of 'RuntimeError" not in caplog.text
+
+
+def test_a_trajectory_has_a_time_limit_unless_one_is_refused_on_purpose(engine, tokenizer):
+    from lit_agentrl.callbacks import RolloutCallback
+    from lit_agentrl.rollout.manager import DEFAULT_TRAJECTORY_TIMEOUT_S
+
+    assert RolloutManager([engine], tokenizer).trajectory_timeout_s == DEFAULT_TRAJECTORY_TIMEOUT_S == 1800.0
+    assert RolloutCallback().settings.trajectory_timeout_s == DEFAULT_TRAJECTORY_TIMEOUT_S
+    assert RolloutCallback(trajectory_timeout_s=None).settings.trajectory_timeout_s is None
+
+
+def test_template_drift_is_logged_only_where_it_is_measured():
+    trajectory = Trajectory(0, 0, "a", prompt_ids=[1], all_token_ids=[1, 2], loss_mask=[0, 1], reward=1.0)
+    trajectory.response_logprobs = [-0.5]
+    assert "rollout/template_drift" not in RolloutMetrics(measures_drift=False).compute([trajectory], 1.0)
+    trajectory.extra_fields["template_drift"] = 3
+    assert RolloutMetrics().compute([trajectory], 1.0)["rollout/template_drift"] == 3.0
