@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lit_agentrl.viewer.display import inert_values
 from lit_agentrl.viewer.records import RECORD_KEY
 
 CURVES = {
@@ -37,7 +38,7 @@ def build_payload(run_dir: str | Path, max_trajectories: int | None = None) -> d
     return {
         "run": str(log_dir.parent),
         "metrics_file": str(metrics_path) if metrics_path else None,
-        "trajectories": records,
+        "trajectories": inert_values(records),  # shown as text: escapes instead of controls and bidi overrides
         "dropped": dropped,
         "bad_lines": bad_lines,
         "curves": curves,

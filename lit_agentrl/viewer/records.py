@@ -12,6 +12,7 @@ from typing import Any
 
 from lit_agentrl.rows import row_ground_truth, row_prompt
 from lit_agentrl.types import TokenSequence, Trajectory
+from lit_agentrl.viewer.display import inert, inert_values, json_inert
 
 FORMAT_VERSION = 1
 RECORD_KEY = ("split", "step", "rank", "batch", "group", "sample")
@@ -112,8 +113,8 @@ def prompt_text(prompt: Any) -> str:
 
 
 def table_row(record: Mapping[str, Any]) -> list[Any]:
-    """The record as a row of :data:`TABLE_COLUMNS`."""
-    return [
+    """The record as a row of :data:`TABLE_COLUMNS`, its text made inert (a logger's page shows it)."""
+    row = [
         record["step"],
         record["agent_name"],
         record["data_source"],
@@ -125,13 +126,14 @@ def table_row(record: Mapping[str, Any]) -> list[Any]:
         record["failure_reason"],
         record["generated_tokens"],
     ]
+    return [inert_values(value) for value in row]
 
 
 def to_json_line(record: Mapping[str, Any], pieces: Callable[[list[int]], list[str]] | None) -> str:
     """One line of the log; ``pieces`` decodes ``token_ids`` into per-token strings (``tokens``)."""
     if pieces is not None and "token_ids" in record:
         record = {**record, "tokens": pieces(record["token_ids"])}
-    return json.dumps(record, ensure_ascii=False, default=_jsonable, allow_nan=True) + "\n"
+    return json_inert(json.dumps(record, ensure_ascii=False, default=_jsonable, allow_nan=True)) + "\n"
 
 
 def _jsonable(value: Any) -> Any:
@@ -155,7 +157,8 @@ class TokenPieces:
 
 
 def samples_text(records: Sequence[Mapping[str, Any]]) -> str:
-    """A human-readable page of one step's samples (the CSV logger's ``samples/step_NNNNNN.txt``)."""
+    """A human-readable page of one step's samples (the CSV logger's ``samples/step_NNNNNN.txt``), its text made
+    inert: people read it in terminals."""
     parts = []
     for r in records:
         status = f"FAILED: {r['failure_reason']}" if r["failed"] else f"reward {r['reward']:.4g}"
@@ -166,4 +169,4 @@ def samples_text(records: Sequence[Mapping[str, Any]]) -> str:
             f"{r['num_turns']} turns\n--- prompt\n{prompt_text(r['prompt'])}\n--- output\n{r['str_output']}\n"
             + (f"--- traceback\n{r['failure_traceback']}\n" if r["failure_traceback"] else "")
         )
-    return "\n".join(parts)
+    return inert("\n".join(parts))
