@@ -16,6 +16,7 @@ import contextlib
 from lit_agentrl.agents.chat_model import ChatModel
 from lit_agentrl.gateway.server import Gateway, GatewayError
 from lit_agentrl.gateway.session import GatewaySample, GatewaySession
+from lit_agentrl.loop_services import register_loop_service
 
 __all__ = ["Gateway", "GatewayError", "GatewaySample", "GatewaySession", "close_gateways", "gateway_for"]
 
@@ -36,6 +37,7 @@ async def gateway_for(chat_model: ChatModel) -> Gateway:
     return _gateways[key][1]
 
 
+@register_loop_service  # the rollout manager stops them with its loop
 def close_gateways(loop: asyncio.AbstractEventLoop | None = None) -> None:
     """Stop the gateways serving from ``loop`` (every loop's when None), from outside that loop."""
     for key, (owner, gateway) in list(_gateways.items()):

@@ -1,10 +1,10 @@
-"""Rollouts generated ahead of the steps that train on them (``RolloutCallback(mode="async")``).
+"""Rollouts generated ahead of the steps that train on them (``RolloutCallback.async_rollouts: {ahead: N}``).
 
 While step k trains, the rollouts of steps k+1 ... k+depth run on the engine (on the rollout manager's background
 thread). Each is keyed by its batch's place in the data stream (epoch, index), which Lightning will fetch in order;
 the loader's position only moves when a batch is trained, so a run killed with rollouts in flight regenerates them
 on resume, losing and repeating no prompt. A trajectory records the weight versions it was generated with; one more
-than ``max_staleness`` steps older than the policy that trains on it is dropped and counted.
+than ``async_rollouts.max_staleness`` steps older than the policy that trains on it is dropped and counted.
 """
 
 from __future__ import annotations

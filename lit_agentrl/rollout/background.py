@@ -1,4 +1,4 @@
-"""An event loop on a thread of its own, where rollouts run while the trainer trains (``mode: async``)."""
+"""An event loop on a thread of its own, where rollouts run while the trainer trains (``RolloutCallback.async_rollouts``)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class BackgroundLoop:
         unable = sorted({type(e).__name__ for e in engines if not e.generates_beside_trainer})
         if unable:
             raise UserInputError(
-                f"RolloutCallback.mode: async needs engines that generate beside the trainer; {unable} cannot",
+                f"RolloutCallback.async_rollouts needs engines that generate beside the trainer; {unable} cannot",
                 hint="use the transformers engine, or mode: sync",
             )
         self.loop = asyncio.new_event_loop()

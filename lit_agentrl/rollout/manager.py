@@ -27,7 +27,7 @@ from lit_agentrl.context import TrajectoryContext, TrajectoryTag, enter_trajecto
 from lit_agentrl.engines.admission import AdmissionGate
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.sampling import SamplingParams
-from lit_agentrl.gateway import close_gateways
+from lit_agentrl.loop_services import stop_loop_services
 from lit_agentrl.rewards import RewardFn, resolve_reward_fn
 from lit_agentrl.rollout.background import BackgroundLoop
 from lit_agentrl.rollout.faults import raise_reported_faults
@@ -129,7 +129,7 @@ class RolloutManager:
         seed: int | None = None,
     ) -> concurrent.futures.Future[RolloutBatch]:
         """Start :meth:`agenerate` on the manager's background thread and return at once (rollouts beside the
-        trainer, ``RolloutCallback(mode="async")``). Needs engines that can generate beside the trainer; from the
+        trainer, ``RolloutCallback.async_rollouts``). Needs engines that can generate beside the trainer; from the
         first call on, :meth:`generate` runs on that thread too."""
         return self.start_background().submit(self.agenerate(rows, n_samples, sampling_params, seed))
 
@@ -141,7 +141,7 @@ class RolloutManager:
         seed: int | None = None,
     ) -> GroupedRollout:
         """:meth:`submit` with a future per row (its ``n_samples`` trajectories), so a step may take the groups that
-        have finished and leave the rest running (``RolloutCallback.ready_fraction``, :mod:`lit_agentrl.rollout.tail`)."""
+        have finished and leave the rest running (``async_rollouts.ready_fraction``, :mod:`lit_agentrl.rollout.tail`)."""
         gate, _ = self._checked_gate(len(rows), n_samples, sampling_params)
         background = self.start_background()
         groups = [self._group(rows[g], g, n_samples, gate, sampling_params, seed) for g in range(len(rows))]
@@ -193,11 +193,12 @@ class RolloutManager:
         return list(await asyncio.gather(*(self._run_one(row, tag, dict(sampling_params)) for tag in tags)))
 
     def close(self) -> None:
-        """Stop the OpenAI gateways its agents started, the background thread (cancelling its rollouts), the reward
-        threads and the manager's event loop (engines, and their loops, are owned and shut down by the caller)."""
+        """Stop the services its agents started on its loops (the OpenAI gateways), the background thread (cancelling
+        its rollouts), the reward threads and the manager's event loop (engines, and their loops, are owned and shut
+        down by the caller)."""
         for loop in (self._background.loop if self._background is not None else None, self._loop):
             if loop is not None:
-                close_gateways(loop)
+                stop_loop_services(loop)
         if self._background is not None:
             self._background.stop()
             self._background = None

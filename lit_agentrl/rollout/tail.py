@@ -1,10 +1,10 @@
-"""A step that does not wait for its rollout's long tail (``RolloutCallback(ready_fraction=f)``, with partial rollouts).
+"""A step that does not wait for its rollout's long tail (``async_rollouts: {partial: true, ready_fraction: f}``).
 
 The step's prompt groups are generated as one rollout whose groups finish one by one (:class:`GroupedRollout`). Once
 ``f`` of them have finished, the step trains on those, together with the groups the previous step left running
 (waited for in full: they had a step's time more); the unfinished ones keep generating, on the new weights after
 the step's push, and are trained with the next step (:class:`Carried`). A trajectory carried over is one update
-older when it is trained (its staleness counts it), so carrying needs ``max_staleness`` one step beyond how far
+older when it is trained (its staleness counts it), so carrying adds one to the staleness the schedule produces (``AsyncRollouts.staleness``) beyond how far
 ahead the rollouts run. The carried groups' place in the data is checkpointed: a resumed run regenerates them.
 """
 
