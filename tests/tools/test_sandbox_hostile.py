@@ -835,11 +835,18 @@ def test_with_the_kernel_layers_alone(kernel_only, canaries, host_objects, name)
 # ------------------------------------------------------------------- across runs, and the parent's own side
 
 
+def interpreter_tops_under_tmp(python: str) -> list[str]:
+    """The names in a run's /tmp that are not the run's own: the top folders of the interpreter's read-only binds
+    that live under the machine's /tmp (a venv made there), none for an interpreter elsewhere."""
+    binds = boundary.interpreter_layout(python, site=False).binds
+    return sorted({Path(path).relative_to("/tmp").parts[0] for path in binds if path.startswith("/tmp/")})
+
+
 def test_a_later_run_finds_nothing_of_an_earlier_one(kernel_only):
     leave = "open('/tmp/left', 'w').write('x'); open('/dev/shm/left', 'w').write('x'); open('left', 'w').write('x')"
     assert kernel_only.run(leave).error is None
-    look = "import os\nprint(sorted(os.listdir('/tmp') + os.listdir('/dev/shm') + os.listdir('.')))"
-    assert kernel_only.run(look).stdout.strip() == "['main.py']"
+    look = "import os\nprint([sorted(os.listdir(p)) for p in ('/tmp', '/dev/shm', '.')])"
+    assert kernel_only.run(look).stdout.strip() == str([interpreter_tops_under_tmp(sys.executable), [], ["main.py"]])
 
 
 def test_processes_left_running_are_killed():
@@ -906,6 +913,12 @@ def test_an_interpreter_under_tmp_gets_the_whole_boundary(tmp_path, canaries, ho
         sandbox._guard = False
         assert sandbox.run(hidden).stdout == "[]\n"  # its site-packages: an empty tmpfs without site_packages
         check(sandbox, "plain_reads", canaries, host_objects)
+        # The run's /tmp shows the venv's folder (read-only, where its interpreter finds itself) and its own files
+        # only: not the machine's /tmp, where the canaries are.
+        assert interpreter_tops_under_tmp(str(venv / "bin" / "python")) == [venv.name]
+        look = f"import os\nprint(sorted(os.listdir('/tmp')))\nopen({str(venv / 'x')!r}, 'w')"
+        result = sandbox.run(look)
+        assert result.stdout == f"{[venv.name]}\n" and "Read-only file system" in result.error, result
     finally:
         shutil.rmtree(venv, ignore_errors=True)
 

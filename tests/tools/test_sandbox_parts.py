@@ -12,6 +12,7 @@ import dataclasses
 import os
 import shlex
 import signal
+import site
 import sys
 from pathlib import Path
 
@@ -497,13 +498,17 @@ def test_bubblewraps_arguments(monkeypatch):
 
 
 def test_interpreter_layout_binds_the_prefixes_and_hides_site_packages():
+    """Whatever the interpreter (a venv or not, under /tmp or not, its base's site-packages shared or not): every
+    prefix is bound, no bind lies inside another, and the site-packages hidden are those ``site`` would not add
+    (with ``site=True``: a venv's base installation's, unless the venv includes them), all of them without."""
     layout = boundary.interpreter_layout(sys.executable, site=False)
-    assert any(
-        os.path.realpath(sys.base_prefix).startswith(b) or b.startswith("/usr") for b in layout.binds
-    ) or os.path.realpath(sys.base_prefix).startswith("/usr")
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        real = os.path.realpath(prefix)
+        assert any(real == b or real.startswith(b + "/") for b in (*layout.binds, *boundary.SYSTEM_DIRS)), real
     assert all(not a.startswith(b + "/") for a in layout.binds for b in layout.binds)  # no bind inside another
-    assert layout.hidden and all(os.path.isdir(h) for h in layout.hidden)
-    assert boundary.interpreter_layout(sys.executable, site=True).hidden == ()
+    used = {os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p)}  # as this interpreter's site
+    assert layout.hidden and all(os.path.isdir(h) for h in layout.hidden) and used <= set(layout.hidden)
+    assert set(boundary.interpreter_layout(sys.executable, site=True).hidden) == set(layout.hidden) - used
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
