@@ -19,7 +19,8 @@ from lit_agentrl.training.batching import (
     split_mini_batches,
 )
 from lit_agentrl.training.losses import token_logprobs
-from lit_agentrl.training.module import GRPOModule, check_packing_support
+from lit_agentrl.training.module import GRPOModule
+from lit_agentrl.training.policy_checks import check_packing_support
 from lit_agentrl.types import Trajectory
 
 LENGTHS = (5, 40, 9, 23, 31, 7, 12, 3)

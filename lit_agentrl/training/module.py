@@ -22,7 +22,6 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
-from torch.distributed.device_mesh import DeviceMesh
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
 from transformers import PreTrainedModel
@@ -40,10 +39,12 @@ from lit_agentrl.training.batching import (
 )
 from lit_agentrl.training.evaluation import EvalResult, PassAtK
 from lit_agentrl.training.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
-from lit_agentrl.training.logprobs import check_chunked_head, model_token_logprobs, relative_difference
+from lit_agentrl.training.logprobs import check_chunked_head, model_token_logprobs
 from lit_agentrl.training.lora import adapters_disabled, add_adapters, is_adapter
 from lit_agentrl.training.losses import LossScale, TokenLogProbs
+from lit_agentrl.training.lr_schedule import lr_factor
 from lit_agentrl.training.objective import loss_scale, micro_batch_loss
+from lit_agentrl.training.policy_checks import check_data_parallel_mesh, check_packing_support
 from lit_agentrl.types import PromptBatch
 
 # Lightning 2.6 warns that ModelCheckpoint(every_n_train_steps) under manual optimization saves the state after the
@@ -126,7 +127,7 @@ class GRPOModule(L.LightningModule):
             self._prepare(models)
         else:
             # Sharded before any weight is allocated; rank 0 alone reads the checkpoint (see loading.py).
-            _check_mesh(self.device_mesh)
+            check_data_parallel_mesh(self.device_mesh)
             models = [empty_model(self.model_path) for _ in range(copies)]
             if with_adapters is not None:
                 with_adapters(models[0])
@@ -162,7 +163,7 @@ class GRPOModule(L.LightningModule):
         u = self.optimizer
         trained = [p for p in self.policy.parameters() if p.requires_grad]  # with LoRA, the adapters alone
         optimizer = torch.optim.AdamW(trained, lr=u.lr, betas=u.betas, weight_decay=u.weight_decay)
-        factor = _schedule(u.lr_schedule, u.warmup_steps, max(1, self._total_optimizer_steps()))
+        factor = lr_factor(u.lr_schedule, u.warmup_steps, max(1, self._total_optimizer_steps()))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -470,60 +471,3 @@ def _combine(key: str, values: list[float]) -> float:
     if key.startswith("time/"):
         return sum(values)
     return max(values) if key.endswith("_max") else sum(values) / len(values)
-
-
-def check_packing_support(model: torch.nn.Module, tolerance: float = 1e-3) -> None:
-    """Raise ``ValueError`` unless ``model`` keeps sequences packed into one row apart (by their position ids).
-
-    Two short sequences go through the model packed into one row and one at a time; their logits must agree within
-    ``tolerance`` of the largest logit (relative: it is the compute dtype's rounding that differs).
-    """
-    device = next(model.parameters()).device
-    if device.type == "meta":  # weights not materialised yet: nothing to run
-        return
-    first, second = [3, 5, 7, 9, 11], [4, 6, 8]
-    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]], device=device)
-    if vision_settings(model) is not None:  # Qwen2-VL family: text positions first, then the 3-D ones (collate's)
-        positions = positions.unsqueeze(0).expand(4, -1, -1)
-    with torch.no_grad():
-        packed = model(
-            input_ids=torch.tensor([first + second], device=device), position_ids=positions, use_cache=False
-        ).logits[0]
-        alone = [
-            model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0] for ids in (first, second)
-        ]
-    if relative_difference(packed, torch.cat(alone)) > tolerance:
-        raise UserInputError(
-            f"{type(model).__name__} lets packed sequences attend to each other (it ignores restarting position ids); "
-            "set model.sequence_packing: false"
-        )
-
-
-def _check_mesh(mesh: DeviceMesh) -> None:
-    """Only data parallelism is implemented: a tensor-parallel dimension would train divergent replicas."""
-    names = mesh.mesh_dim_names or ()
-    tensor_parallel = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
-    if tensor_parallel > 1:
-        raise UserInputError(
-            f"trainer.strategy.tensor_parallel_size={tensor_parallel} is not supported: GRPOModule shards the policy "
-            "over data parallelism only (FSDP2). Set tensor_parallel_size: 1 and data_parallel_size to the number "
-            "of processes."
-        )
-
-
-def _schedule(kind: str, warmup: int, total: int) -> Callable[[int], float]:
-    """LR factor per optimizer step: linear warm-up from 1/warmup, then constant or cosine down to 0.1.
-
-    Not transformers' ``get_cosine_with_min_lr_schedule_with_warmup``: after warm-up its factors are these,
-    but its warm-up starts at 0, so the first optimizer step (a whole rollout's worth) would not move the policy.
-    """
-
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
