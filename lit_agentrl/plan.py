@@ -132,25 +132,17 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-LORA_MODULE_SHAPES = {
-    "q_proj": lambda x: (x.hidden_size, x.num_heads * x.head_dim),
-    "k_proj": lambda x: (x.hidden_size, x.num_kv_heads * x.head_dim),
-    "v_proj": lambda x: (x.hidden_size, x.num_kv_heads * x.head_dim),
-    "o_proj": lambda x: (x.num_heads * x.head_dim, x.hidden_size),
-    "gate_proj": lambda x: (x.hidden_size, x.intermediate_size),
-    "up_proj": lambda x: (x.hidden_size, x.intermediate_size),
-    "down_proj": lambda x: (x.intermediate_size, x.hidden_size),
-}
-"""(in, out) of each linear of a Qwen-style decoder layer, the modules LoRA may target."""
+def lora_parameters(model_path: str, lora: Any) -> int:
+    """The adapters' parameters: r (in + out) per targeted linear layer, the targets found in the model built on the
+    meta device as training finds them (:func:`~lit_agentrl.training.lora.target_module_names`, which refuses bad
+    ones naming ``model.lora.target_modules``)."""
+    from lit_agentrl.training.loading import empty_model
+    from lit_agentrl.training.lora import target_module_names
 
-
-def lora_parameters(shapes: ModelShapes, rank: int, target_modules: tuple[str, ...]) -> int:
-    """The adapters' parameters: r (in + out) per targeted linear, in every layer."""
-    unknown = sorted(set(target_modules) - set(LORA_MODULE_SHAPES))
-    if unknown:
-        raise ValueError(f"model.lora.target_modules {unknown}: the plan knows {sorted(LORA_MODULE_SHAPES)}")
-    per_layer = sum(rank * sum(LORA_MODULE_SHAPES[m](shapes)) for m in target_modules)
-    return per_layer * shapes.num_layers
+    model = empty_model(model_path)
+    modules = dict(model.named_modules())
+    targets = target_module_names(model, lora)
+    return sum(int(lora.rank) * (modules[n].in_features + modules[n].out_features) for n in targets)
 
 
 def layer_activation_bytes_per_token(x: PlanInputs) -> int:
@@ -462,10 +454,9 @@ def _lora_inputs(module: Any) -> dict[str, Any]:
     lora = getattr(module, "lora", None)
     if lora is None or not lora.enabled:
         return {}
-    shapes = model_shapes(str(module.model_path))
     return {
         "lora_rank": int(lora.rank),
-        "lora_params": lora_parameters(shapes, int(lora.rank), tuple(lora.target_modules)),
+        "lora_params": lora_parameters(str(module.model_path), lora),
         "lora_base_dtype": str(lora.base_dtype),
         "lora_sync": str(lora.sync),
     }

@@ -13,6 +13,7 @@ keyword and checked when built, so a bad value fails before any weight loads, na
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -288,15 +289,19 @@ QWEN_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_
 
 @dataclass(frozen=True)
 class Lora:
-    """Low-rank adapters on a frozen base (``model.lora``; through peft): off unless ``rank`` is set.
+    r"""Low-rank adapters on a frozen base (``model.lora``; through peft): off unless ``rank`` is set.
 
     Args:
         rank: the adapters' rank r (None: full fine-tuning).
         alpha: the scale's numerator, each adapter's output scaled by alpha / r (None: 2 r, as most recipes do).
         dropout: dropout on the adapters' input. Keep 0 for RL: dropout in the trainer's forward changes the
             log-probs the ratio compares with the engine's.
-        target_modules: the linear layers that get adapters (by module name; default every linear layer of a
-            Qwen-style block).
+        target_modules: the linear layers that get adapters, spelled as peft spells them: a list of names, each
+            matching a module whose full name is it or ends with ``.`` and it (``q_proj``, ``self_attn.q_proj``);
+            ``all-linear``, every linear layer but the head; or one other string, a regular expression that must
+            match a module's full name whole (``.*layers\.[0-3]\..*_proj``). Default: every linear layer of a
+            Qwen-style block. Each list entry must match a module, and every module selected must be a linear
+            layer other than the head: checked against the model before the first step.
         base_dtype: the dtype the frozen base is kept in (no fp32 master copy, no optimizer state); the adapters are
             trained in float32.
         sync: what the engines get after each step: ``merged`` (the base with the adapters folded in, every
@@ -308,7 +313,7 @@ class Lora:
     rank: int | None = None
     alpha: int | None = None
     dropout: float = 0.0
-    target_modules: tuple[str, ...] = QWEN_LINEAR_MODULES
+    target_modules: str | tuple[str, ...] = QWEN_LINEAR_MODULES
     base_dtype: Literal["float32", "bfloat16"] = "bfloat16"
     sync: Literal["merged", "adapter"] = "merged"
 
@@ -318,17 +323,11 @@ class Lora:
                 (self.rank is None or self.rank >= 1, f"model.lora.rank must be >= 1 or null, got {self.rank}"),
                 (self.alpha is None or self.alpha > 0, f"model.lora.alpha must be > 0 or null, got {self.alpha}"),
                 (0 <= self.dropout < 1, f"model.lora.dropout must be in [0, 1), got {self.dropout}"),
-                (bool(self.target_modules), "model.lora.target_modules must name at least one module"),
-                (
-                    not set(self.target_modules) & {"lm_head", "embed_tokens"},
-                    "model.lora.target_modules: the head and the embeddings take no adapters (a tied head shares its "
-                    "weight with the embeddings, and log-probs are computed from the head's weight in chunks); adapt "
-                    f"the decoder layers' linears, e.g. {list(QWEN_LINEAR_MODULES)}",
-                ),
                 _one_of("model.lora.base_dtype", self.base_dtype, PARAM_DTYPES),
                 _one_of("model.lora.sync", self.sync, LORA_SYNCS),
             ]
         )
+        _check_target_modules(self.target_modules, self.sync)
 
     @property
     def enabled(self) -> bool:
@@ -343,3 +342,47 @@ class Lora:
     def scale_alpha(self) -> int:
         """alpha, defaulting to 2 r."""
         return self.alpha if self.alpha is not None else 2 * (self.rank or 0)
+
+
+LORA_REFUSED_MODULES = ("lm_head", "embed_tokens")
+ALL_LINEAR = "all-linear"
+"""peft's name for every linear layer but the head (compared case-insensitively, as peft does)."""
+HEAD_REFUSAL = (
+    "the head and the embeddings take no adapters (a tied head shares its weight with the embeddings, and log-probs "
+    "are computed from the head's weight in chunks); adapt the decoder layers' linears, e.g. "
+    f"{list(QWEN_LINEAR_MODULES)} or {ALL_LINEAR!r}"
+)
+
+
+def is_all_linear(target_modules: str | tuple[str, ...]) -> bool:
+    return isinstance(target_modules, str) and target_modules.lower() == ALL_LINEAR
+
+
+def _check_target_modules(targets: str | tuple[str, ...], sync: str) -> None:
+    """What ``model.lora.target_modules`` can be told wrong without the model: empty, a bad pattern, the head or the
+    embeddings by name (their full path too), and a pattern where the engines need names (``sync: adapter``)."""
+    key = "model.lora.target_modules"
+    if not targets or not all(isinstance(t, str) and t for t in ([targets] if isinstance(targets, str) else targets)):
+        raise UserInputError(f"{key} must name at least one module (or be a pattern), got {targets!r}")
+    if isinstance(targets, str):
+        if not is_all_linear(targets):
+            try:
+                re.compile(targets)
+            except re.error as exc:
+                raise UserInputError(f"{key}={targets!r} is not a regular expression ({exc})") from None
+        if sync == "adapter":
+            raise UserInputError(
+                f"{key}={targets!r}: model.lora.sync: adapter starts the engines for module names, which a pattern "
+                "does not give",
+                hint=f"list the names, e.g. {list(QWEN_LINEAR_MODULES)} (all-linear on a Qwen-style model)",
+            )
+        return
+    refused = [t for t in targets if t.rsplit(".", 1)[-1] in LORA_REFUSED_MODULES]
+    if refused:
+        raise UserInputError(f"{key}={list(targets)} names the head or the embeddings ({refused}): {HEAD_REFUSAL}")
+    dotted = [t for t in targets if "." in t]
+    if sync == "adapter" and dotted:
+        raise UserInputError(
+            f"{key}={list(targets)}: model.lora.sync: adapter starts the engines for module names (SGLang's "
+            f"--lora-target-modules), not paths: {dotted}"
+        )

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lit_agentrl.config.training import Lora
+from lit_agentrl.config.training import HEAD_REFUSAL, Lora, is_all_linear
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.dtypes import torch_dtype
 
@@ -32,15 +32,17 @@ PEFT_PREFIX = "base_model.model."
 _ADAPTER_PART = re.compile(rf"\.(lora_[AB])\.{ADAPTER}\.")
 
 
-def peft_config(lora: Lora, base_model: str | None = None) -> Any:
-    """peft's ``LoraConfig`` for ``lora`` (a causal LM, no bias)."""
+def peft_config(lora: Lora, base_model: str | None = None, targets: list[str] | None = None) -> Any:
+    """peft's ``LoraConfig`` for ``lora`` (a causal LM, no bias), on ``targets`` (full module names) when given, else
+    on ``lora.target_modules`` as spelled."""
     from peft import LoraConfig
 
+    spelled = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
     return LoraConfig(
         r=int(lora.rank or 0),
         lora_alpha=lora.scale_alpha,
         lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
+        target_modules=targets if targets is not None else spelled,
         bias="none",
         task_type="CAUSAL_LM",
         base_model_name_or_path=base_model,
@@ -53,16 +55,63 @@ def add_adapters(model: torch.nn.Module, lora: Lora) -> torch.nn.Module:
     from peft import inject_adapter_in_model
 
     on_meta = any(param.is_meta for param in model.parameters())  # sharded before it is filled: adapters too
-    try:
-        inject_adapter_in_model(peft_config(lora), model, low_cpu_mem_usage=on_meta)
-    except ValueError as exc:  # peft names the modules it did not find
-        raise UserInputError(f"model.lora.target_modules={list(lora.target_modules)}: {exc}") from exc
+    targets = target_module_names(model, lora)  # exactly these: the checks ran on what peft would otherwise expand
+    inject_adapter_in_model(peft_config(lora, targets=targets), model, low_cpu_mem_usage=on_meta)
     base_dtype = torch_dtype(lora.base_dtype, "model.lora.base_dtype")
     for name, param in model.named_parameters():
         adapter = is_adapter(name)
         param.requires_grad_(adapter)
         param.data = param.data.to(torch.float32 if adapter else base_dtype)
     return model
+
+
+def target_module_names(model: torch.nn.Module, lora: Lora) -> list[str]:
+    """The full names of the modules ``lora.target_modules`` selects in ``model``, by peft's rules (a list entry
+    matches a name equal to it or ending in ``.`` and it; ``all-linear`` every linear layer but the output head; any
+    other string is a regular expression matched against whole names).
+
+    Raises :class:`UserInputError` naming ``model.lora.target_modules`` when a list entry matches no module (a typo
+    beside good names would otherwise train the rest), when nothing is selected, or when the selection holds the
+    head, the embeddings or a module that is not a linear layer (listing the linear layers' names in each case).
+    """
+    key = f"model.lora.target_modules={_spelled(lora)}"
+    modules = dict(model.named_modules())
+    head = _output_head(model)
+    linear = [name for name, m in modules.items() if isinstance(m, torch.nn.Linear) and m is not head]
+    valid = f"the model's linear layers are named {sorted({n.rsplit('.', 1)[-1] for n in linear})}"
+    spec = lora.target_modules
+    if is_all_linear(spec):
+        selected = linear
+    elif isinstance(spec, str):
+        selected = [name for name in modules if name and re.fullmatch(spec, name)]
+    else:
+        by_entry = {t: [n for n in modules if n == t or n.endswith(f".{t}")] for t in spec}
+        unmatched = [t for t, names in by_entry.items() if not names]
+        if unmatched:
+            raise UserInputError(f"{key}: {unmatched} match no module of the model; {valid}")
+        selected = list(dict.fromkeys(n for names in by_entry.values() for n in names))
+    if not selected:  # a string is a pattern: peft reads `q_proj` alone as the whole name `q_proj`
+        raise UserInputError(
+            f"{key} matches no module of the model; {valid}",
+            hint="one string is a regular expression that must match a module's whole name (peft's rule), e.g. "
+            r"'.*\.(q_proj|v_proj)'; a list ([q_proj, v_proj]) matches by name",
+        )
+    refused = [n for n in selected if modules[n] is head or isinstance(modules[n], torch.nn.Embedding)]
+    if refused:
+        raise UserInputError(f"{key} selects {refused[:4]}: {HEAD_REFUSAL}")
+    other = [f"{n} ({type(modules[n]).__name__})" for n in selected if not isinstance(modules[n], torch.nn.Linear)]
+    if other:
+        raise UserInputError(f"{key} selects modules that are not linear layers: {other[:4]}; {valid}")
+    return selected
+
+
+def _spelled(lora: Lora) -> str | list[str]:
+    return lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+
+
+def _output_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    get = getattr(model, "get_output_embeddings", None)
+    return get() if callable(get) else None
 
 
 def is_adapter(name: str) -> bool:
@@ -141,5 +190,4 @@ def adapter_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torc
 def adapter_config(lora: Lora, base_model: str | None = None) -> dict[str, Any]:
     """The ``adapter_config.json`` of the adapters (peft's own fields)."""
     config = peft_config(lora, base_model).to_dict()
-    config["target_modules"] = sorted(config["target_modules"])
     return {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
