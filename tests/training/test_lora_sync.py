@@ -103,7 +103,7 @@ def test_export_writes_a_peft_adapter_and_the_merged_model(tiny_model_dir, tmp_p
 
     module = lora_module(str(tiny_model_dir), lora=LORA)
     trainer = SimpleNamespace(is_global_zero=True, strategy=SimpleNamespace(barrier=lambda name: None))
-    HFExportCallback(str(tmp_path), merge_lora=True).export(trainer, module, tmp_path / "final")
+    HFExportCallback(str(tmp_path), merge_lora=True).export(trainer, module, tmp_path / "final", merge=True)
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         policy = module.policy(input_ids=ids).logits
