@@ -51,6 +51,8 @@ class RolloutSettings:
                 "trainer's GPU memory (colocate: true)",
                 hint="give the engine GPUs of its own (sglang_http servers), or drop async_rollouts with colocate",
             )
+        self.sampling.check_for_rollouts("RolloutCallback.sampling_params", "n_samples", training=True)
+        self.val_sampling.check_for_rollouts("RolloutCallback.val_sampling_params", "val_n_samples", training=False)
         if self.engine.name in ("sglang", "sglang_http"):  # SGLang without a tokenizer: no stop strings
             for where, params in (("sampling_params", self.sampling), ("val_sampling_params", self.val_sampling)):
                 params.check_without_tokenizer(self.engine.name, f"RolloutCallback.{where}")

@@ -110,6 +110,21 @@ class SamplingParams:
             if not ok:
                 raise UserInputError(f"{where}: {message}; got {self}")
 
+    def check_for_rollouts(self, where: str, group_key: str, *, training: bool) -> None:
+        """Refuse what rollouts cannot use: ``n > 1`` (an agent's model call is one turn of one trajectory, and a
+        group of trajectories per prompt is ``group_key``) and, for training, temperature 0 (the trainer computes
+        log-probs at the sampling temperature, dividing the logits by it; greedy is for validation)."""
+        if self.n != 1:
+            raise UserInputError(
+                f"{where}.n={self.n}: each model call of an agent samples one reply; set {group_key} for several "
+                "trajectories per prompt"
+            )
+        if training and self.temperature == 0:
+            raise UserInputError(
+                f"{where}.temperature=0: training samples at a temperature > 0 (the trainer computes the log-probs "
+                "of softmax(logits / temperature)); greedy decoding (0) is for val_sampling_params"
+            )
+
     @property
     def penalised(self) -> bool:
         """Whether any of the three penalties is on (SGLang's penalisers' ``_is_required``)."""

@@ -86,11 +86,18 @@ def test_tokenizer_without_chat_template(tmp_path, quickstart_model_dir, capsys)
         ({"sampling_params": {"top_p": 2}}, "RolloutCallback.sampling_params: top_p"),
         ({"val_sampling_params": {"stop_regex": "x"}}, "RolloutCallback.val_sampling_params: unknown key"),
         ({"n_samples": 0}, "n_samples"),
+        ({"sampling_params": {"temperature": 0}}, r"RolloutCallback\.sampling_params\.temperature=0: training samples"),
+        ({"sampling_params": {"n": 4}}, r"RolloutCallback\.sampling_params\.n=4: .*set n_samples for several"),
+        ({"val_sampling_params": {"n": 2}}, r"RolloutCallback\.val_sampling_params\.n=2: .*set val_n_samples"),
     ],
 )
 def test_bad_callback_arguments(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         RolloutCallback(**kwargs)
+
+
+def test_validation_may_decode_greedily():
+    assert RolloutCallback(val_sampling_params={"temperature": 0}).settings.val_sampling.temperature == 0
 
 
 @pytest.mark.parametrize(
