@@ -7,6 +7,7 @@ any extra fields, which reach the agent's ``run(**kwargs)``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -94,7 +95,8 @@ class AgentPromptDataModule(L.LightningDataModule):
         self._val_loader: PromptBatchLoader | None = None
 
     def setup(self, stage: str) -> None:
-        import_agent_modules(self.agent_modules)
+        for module in self.agent_modules:
+            _import_agent_module(module)
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         for name, size in (
             ("data.prompts_per_step", self.prompts_per_step),
@@ -163,3 +165,20 @@ class AgentPromptDataModule(L.LightningDataModule):
         if isinstance(batch, PromptBatch) and batch.split == "train" and self._train_loader is not None:
             self._train_loader.mark_consumed(batch)
         return batch
+
+
+def _import_agent_module(module: str) -> None:
+    """Import one of ``data.agent_modules``; a file that is not there or a module that does not import is the
+    config's mistake, named with the key (a module that raises anything else is a bug in it, and keeps its traceback)."""
+    try:
+        import_agent_modules([module])
+    except FileNotFoundError:
+        where = "" if Path(module).is_absolute() else f" (relative to the working directory {str(Path.cwd())!r})"
+        raise UserInputError(f"data.agent_modules: the file {module!r} does not exist{where}") from None
+    except ModuleNotFoundError as exc:
+        missing = exc.__cause__ if isinstance(exc.__cause__, ModuleNotFoundError) else exc
+        raise UserInputError(
+            f"data.agent_modules: {module!r} does not import ({missing})",
+            hint="a dotted name is imported from sys.path (the installed packages and the working directory); "
+            "name a file by its path, ending in .py",
+        ) from exc

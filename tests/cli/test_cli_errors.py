@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from support import REPO_ROOT
+from support import REPO_ROOT, quick_config
 
 from lit_agentrl.cli import EXIT_USER_ERROR, find_user_error, main
 from lit_agentrl.errors import UserInputError
@@ -99,3 +101,30 @@ def test_a_renamed_key_is_refused_naming_its_replacement(capsys, tmp_path, monke
     with pytest.raises(SystemExit):
         main(["fit", "--config", QUICKSTART, "--model.lr=0.1"])
     assert capsys.readouterr().err.splitlines()[1] == "hint: use model.optimizer.lr"
+
+
+@pytest.mark.parametrize(
+    "module, message",
+    [
+        (
+            "missing_agents.py",
+            r"data\.agent_modules: the file 'missing_agents\.py' does not exist \(relative to the working directory '.+'\)",
+        ),
+        (
+            "no_such_package.agents",
+            r"data\.agent_modules: 'no_such_package\.agents' does not import \(No module named 'no_such_package'\)",
+        ),
+    ],
+)
+def test_an_agent_module_that_is_not_there_is_one_message(
+    module, message, tmp_path, quickstart_model_dir, capsys, monkeypatch
+):
+    monkeypatch.delenv("LIT_AGENTRL_TRACEBACK", raising=False)
+    monkeypatch.chdir(tmp_path)
+    config = quick_config(tmp_path, quickstart_model_dir, steps=1)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), f"--data.agent_modules=[{module}]"])
+    assert exit_info.value.code == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert re.fullmatch(message, err.splitlines()[0].removeprefix("lit-agentrl: error: ")), err
+    assert "Traceback" not in err
