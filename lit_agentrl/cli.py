@@ -2,7 +2,7 @@
 
 lit-agentrl fit --config configs/quickstart.yaml
 lit-agentrl validate --config configs/quickstart.yaml --ckpt_path PATH
-lit-agentrl plan --config configs/qwen3_8b_math_agent.yaml [--gpu-memory-gb 80] [--devices N] [--override KEY=VALUE]
+lit-agentrl plan --config configs/qwen3_8b_math_agent.yaml [--gpu-memory-gb 80] [--devices N] [--KEY VALUE ...]
 lit-agentrl view RUN_DIR [--out FILE] [--serve [--port N]] [--max-trajectories N]
 
 A configuration or data error (:class:`~lit_agentrl.errors.UserInputError`) is printed as one message and the
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -28,6 +29,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
 # The package: `class_path: RolloutCallback` resolves by name.
 from lit_agentrl.callbacks import StepProgressBar, TrajectoryLog
+from lit_agentrl.config.callback_overrides import apply_item_overrides, split_item_overrides
 from lit_agentrl.config.renamed import refuse_renamed_keys
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.errors import UserInputError
@@ -77,6 +79,27 @@ class AgentRLCLI(LightningCLI):
             help="log a sample of each step's trajectories (TrajectoryLog with its defaults; `lit-agentrl view` shows "
             "them) unless trainer.callbacks has a TrajectoryLog of its own",
         )
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """jsonargparse's parse, then the list-entry overrides it cannot take (``--trainer.callbacks.N.KEY VALUE``,
+        :mod:`lit_agentrl.config.callback_overrides`). ``args`` (or else ``sys.argv``) is the whole command line, so
+        Lightning's warning about ``args`` given beside ``sys.argv`` (``lit-agentrl plan``, tests) does not apply."""
+        if isinstance(args, dict | Namespace):
+            return super().parse_arguments(parser, args)
+        rest, overrides = split_item_overrides(list(sys.argv[1:] if args is None else args))
+        printing = [arg for arg in rest if arg.split("=", 1)[0] == "--print_config"]
+        if overrides and printing:  # jsonargparse prints inside its parse, before the overrides are applied
+            if printing != ["--print_config"]:
+                raise UserInputError(f"{printing[0]} with {overrides[0].arg}: give --print_config without flags")
+            rest.remove("--print_config")
+        self.config = parser.parse_args(rest)
+        subcommand = self.config.get("subcommand")
+        settings = self.config[subcommand] if subcommand else self.config
+        apply_item_overrides(settings, overrides)
+        if overrides and printing:
+            sys.stdout.write((self._subcommand_parsers[subcommand] if subcommand else parser).dump(settings))
+            raise SystemExit(0)
+        return None
 
     def before_instantiate_classes(self) -> None:
         refuse_manual_optimization_options(self.config[self.subcommand] if self.subcommand else self.config)
@@ -321,29 +344,45 @@ def inputs_from_config(config: dict[str, Any], gpu_memory: int = 80 * GB) -> Pla
 
 
 def plan_main(args: list[str]) -> int:
-    """``lit-agentrl plan``: print the plan of a config; 0 when it fits, 1 when not."""
-    parser = argparse.ArgumentParser(prog="lit-agentrl plan", description="Estimate a run's memory per GPU.")
-    parser.add_argument("--config", required=True, help="the run config (as for fit)")
+    """``lit-agentrl plan``: print the plan of the run ``lit-agentrl fit ARGS`` would start, from fit's own arguments
+    (``--config FILE``, ``--KEY VALUE``) beside the plan's; 0 when it fits, 1 when not."""
+    parser = argparse.ArgumentParser(
+        prog="lit-agentrl plan",
+        description="Estimate a run's memory per GPU.",
+        epilog="Every other argument is fit's, parsed as fit parses it: --config FILE, --KEY VALUE "
+        "(e.g. --model.model_path PATH).",
+        allow_abbrev=False,  # `--dev` must not stand for --devices: fit's keys pass through unabbreviated
+    )
     parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU, in 10^9 bytes")
     parser.add_argument("--devices", type=int, help="override trainer.devices and the data-parallel size")
-    parser.add_argument(
-        "--override", action="append", default=[], metavar="KEY=VALUE", help="e.g. model.loss.kl_coef=0.1"
-    )
-    ns = parser.parse_args(args)
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="the same as --KEY VALUE")
+    ns, fit_args = parser.parse_known_args(args)
     for item in ns.override:
         if "=" not in item:
             parser.error(f"--override {item!r}: expected KEY=VALUE")
-    cli_args = ["--config", ns.config, *(f"--{item}" for item in ns.override)]
+    cli_args = [*fit_args, *(f"--{item}" for item in ns.override)]
+    label = " ".join(_config_files(cli_args)) or "the command line"
     try:
         inputs = inputs_from_args(cli_args, int(ns.gpu_memory_gb * GB), ns.devices)
     except ValueError as exc:
-        print(f"lit-agentrl plan: {ns.config}: {exc}", file=sys.stderr)
+        print(f"lit-agentrl plan: {label}: {exc}", file=sys.stderr)
         return 2
     plan = plan_memory(inputs)
-    print(f"{ns.config}: {inputs.num_params / 1e9:.2f}B parameters, {inputs.data_parallel_size} GPU(s), per GPU:")
+    print(f"{label}: {inputs.num_params / 1e9:.2f}B parameters, {inputs.data_parallel_size} GPU(s), per GPU:")
     print(plan.table())
     sys.stdout.flush()
     return 0 if plan.fits else 1
+
+
+def _config_files(args: list[str]) -> list[str]:
+    """The files of ``--config FILE`` / ``--config=FILE`` / ``-c FILE`` among fit's arguments."""
+    files = []
+    for i, arg in enumerate(args):
+        if arg.startswith("--config="):
+            files.append(arg.split("=", 1)[1])
+        elif arg in ("--config", "-c") and i + 1 < len(args):
+            files.append(args[i + 1])
+    return files
 
 
 # ---------------------------------------------------------------------------------------------- errors

@@ -162,6 +162,23 @@ def test_qwen3_8b_on_1_gpu_does_not_fit(qwen3_8b_dir: Path, capsys: pytest.Captu
     assert plan.phases["training"] > 80 * GB and any("training phase" in r for r in plan.reasons)
 
 
+def test_plan_takes_fits_overrides_and_prints_no_warning_about_them(
+    qwen3_8b_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch, recwarn
+):
+    """``--model.model_path X`` as fit takes it, beside the plan's own options; Lightning's warning about ``args``
+    given beside ``sys.argv`` (pytest's here, the shell's in use) is not printed."""
+    monkeypatch.chdir(REPO_ROOT)
+    args = ["--config", str(CONFIG_8B), "--model.model_path", str(qwen3_8b_dir), "--model.loss.kl_coef=0.1"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", *args, "--devices", "1"])
+    assert exit_info.value.code == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{CONFIG_8B}: 8.19B parameters, 1 GPU(s), per GPU:")
+    reference = next(line for line in out.splitlines() if line.startswith("reference (fp32, sharded)"))
+    assert float(reference.split()[-2]) == pytest.approx(4 * 8.19, rel=0.01)  # kl_coef 0.1: an fp32 reference
+    assert not [w for w in recwarn if "args parameter" in str(w.message)]
+
+
 def test_a_missing_model_config_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch):
     monkeypatch.chdir(tmp_path)  # the shipped config's model path does not exist here
     with pytest.raises(SystemExit) as exit_info:
