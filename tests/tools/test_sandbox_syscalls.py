@@ -8,7 +8,7 @@ with high bits, and ``fallocate`` modes. They run with the audit hook and withou
 (ctypes refused by the hook) and with them (ctypes importable, as numpy and sympy need), against the whole
 boundary: nothing may succeed, and where ctypes runs the refusal must be the filter's own errno (the kernel
 without the filter answers otherwise: ``EPERM`` for a missing capability, ``EINVAL`` or success). A call of the
-x32 ABI kills the run. numpy and sympy still run under the list.
+x32 or i386 ABI kills the run. numpy and sympy still run under the list.
 
 The numbers are x86-64's: elsewhere these tests skip.
 """
@@ -136,14 +136,34 @@ def test_every_attack_is_refused_by_the_filter(mode):
         assert not any(answer.startswith("refused by the hook") for answer in answers.values()), answers
 
 
+I386 = """
+def call():
+    try:
+        import ctypes, mmap
+        page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page.write(bytes.fromhex("b814000000cd80c3"))  # mov eax, 20 (getpid); int 0x80; ret
+        address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        return ctypes.CFUNCTYPE(ctypes.c_int)(address)()
+    except BaseException as e:
+        return "refused by the hook: " + type(e).__name__
+print("getpid through i386 ->", call())
+"""
+
+
 @pytest.mark.usefixtures("sandbox_boundary")
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_a_call_of_the_x32_abi_kills_the_run(mode):
-    code = _program({"getpid through x32": (0x40000000 | 39, (), 0)}).replace('print("DONE")', "")
+@pytest.mark.parametrize("abi", ["x32", "i386"])
+def test_a_call_of_another_abi_kills_the_run(mode, abi):
+    """x32 (the x86-64 number with bit 30) and i386 (``int 0x80``) calls are not filtered by the x86-64 rules:
+    libseccomp's action for a foreign architecture kills the process."""
+    if abi == "x32":
+        code = _program({"getpid through x32": (0x40000000 | 39, (), 0)}).replace('print("DONE")', "")
+    else:
+        code = I386
     result = _sandbox(mode).run(code + "print('after')")
-    if MODES[mode][0] and "getpid through x32 -> refused by the hook" in result.stdout:
-        return  # the hook refused ctypes: the call was never made
-    assert "getpid through x32 ->" not in result.stdout and "after" not in result.stdout, result
+    if MODES[mode][0] and f"getpid through {abi} -> refused by the hook" in result.stdout:
+        return  # the hook refused what ctypes needed: the call was never made
+    assert f"getpid through {abi} ->" not in result.stdout and "after" not in result.stdout, result
     assert result.error is not None and "SIGSYS" in result.error, result  # killed in the call
 
 
