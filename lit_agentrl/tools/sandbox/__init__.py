@@ -22,6 +22,8 @@ What the isolation protects against, and what it assumes of the machine: docs/sa
 * :mod:`.boundary`: bubblewrap's arguments and the launcher that mounts the run's tmpfs;
 * :mod:`.syscalls`: the seccomp filters; :mod:`.cgroups`: a cgroup per run;
 * :mod:`.processes`: the host side (per-run uid, killing leftovers, deleting a weak run's folder);
+* :mod:`.verdict`: what the run's own side reports (its setup, the code's real wait status), on a pipe the code
+  cannot write; :mod:`.reaping`: the trainer as a child subreaper, waiting for what a run leaves it;
 * :mod:`.stage`, :mod:`.guard`: the child's code, which the child gets as text (it cannot import the project):
   its limits, its last seccomp filter, the audit hook (a second layer), then the code.
 """

@@ -12,7 +12,8 @@ own that vanishes with the run:
 4. (as root) ``setpriv`` drops to the run's own uid, with no groups and no capabilities, and ``exec``\\ s
    ``bwrap``, which makes a new user, PID, network, IPC, UTS and cgroup namespace, a new session, dies with
    its parent, disables further user namespaces, loads the system-call filter (:mod:`.syscalls`) and starts
-   the interpreter in a root holding only: the system's shared libraries (``/usr/lib*``, ``/lib*``) and time
+   the interpreter as PID 1 of the new PID namespace (the run's supervisor, :func:`.stage.supervise`) in a
+   root holding only: the system's shared libraries (``/usr/lib*``, ``/lib*``) and time
    zones, read-only, the interpreter's directories (site-packages hidden unless asked for),
    ``/etc/ld.so.cache``, its own ``/proc`` and a minimal ``/dev``, and the writable tmpfs places. The rest of
    the root is read-only.
