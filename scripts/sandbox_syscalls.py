@@ -168,6 +168,11 @@ print(sp.nsimplify(0.333333333333), sp.latex(sp.Integral(x**2, x)), sp.N(sp.pi, 
 f = sp.lambdify(x, sp.sin(x) + x**2, "math"); print(f(1.0), sp.solve([x + y - 3, x - y - 1], [x, y]))
 """,
     "stdlib": STDLIB,
+    "torch": """
+import torch, scipy.linalg
+a = torch.randn(64, 64)
+print(torch.linalg.inv(a).shape, (a @ a).sum().item() != 0, scipy.linalg.expm(a.numpy()[:4, :4]).shape)
+""",
 }
 """Ordinary workloads: what model code does with the standard library, numpy and sympy."""
 
