@@ -120,7 +120,9 @@ class AgentRLCLI(LightningCLI):
         return super().instantiate_trainer(callbacks=callbacks, **kwargs)
 
     def before_fit(self) -> None:
-        """Refuse a GPU run that cannot fit (``lit_agentrl.plan``) before any weight is loaded."""
+        """Refuse LoRA targets the model lacks, and a GPU run that cannot fit (``lit_agentrl.plan``), before any weight
+        is loaded or any engine starts."""
+        check_lora_targets(self.model)
         settings = self.config[self.subcommand]
         if settings.get("skip_memory_plan") or not _plans_gpu_memory(settings):
             return
@@ -137,6 +139,9 @@ class AgentRLCLI(LightningCLI):
                 f"{'; '.join(plan.reasons)}. `lit-agentrl plan --config ...` prints the whole plan; "
                 "--skip_memory_plan true starts it anyway."
             )
+
+    def before_validate(self) -> None:
+        check_lora_targets(self.model)
 
     def after_fit(self) -> None:
         if not self.trainer.is_global_zero:
@@ -245,6 +250,19 @@ def reward_summary(rewards: list[float]) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+
+
+def check_lora_targets(module: LightningModule) -> None:
+    """``model.lora.target_modules`` checked on the model built on the meta device (a second or so for 8B), so a typo
+    is named before the engines start, not only when the policy is built after them. Without the model's config
+    the usual error comes later, naming the path."""
+    lora = getattr(module, "lora", None)
+    model_path = str(getattr(module, "model_path", ""))
+    if lora is not None and lora.enabled and (Path(model_path) / "config.json").is_file():
+        from lit_agentrl.training.loading import empty_model
+        from lit_agentrl.training.lora import target_module_names
+
+        target_module_names(empty_model(model_path), lora)
 
 
 def _as_list(callbacks: Any) -> list[Callback]:

@@ -4,8 +4,11 @@ against the model before the first step, the head and the embeddings refused how
 from __future__ import annotations
 
 import pytest
+from support import quick_config
 from transformers import AutoModelForCausalLM
 
+from lit_agentrl.callbacks import RolloutCallback
+from lit_agentrl.cli import main
 from lit_agentrl.config.training import QWEN_LINEAR_MODULES, Lora
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.plan import lora_parameters
@@ -90,3 +93,17 @@ def test_the_plan_counts_the_modules_training_adapts(tiny_model_dir, tiny):
     assert every == lora_parameters(str(tiny_model_dir), Lora(rank=3, target_modules="all-linear")) == 3 * 2 * per_layer
     with pytest.raises(UserInputError, match=r"\['qkv'\] match no module"):
         lora_parameters(str(tiny_model_dir), Lora(rank=3, target_modules=("qkv",)))
+
+
+def test_fit_names_a_typo_before_any_engine_starts(tmp_path, quickstart_model_dir, capsys, monkeypatch):
+    monkeypatch.delenv("LIT_AGENTRL_TRACEBACK", raising=False)
+    monkeypatch.chdir(tmp_path)
+    started: list[str] = []  # the engines start in RolloutCallback.setup, minutes for SGLang on a large model
+    monkeypatch.setattr(RolloutCallback, "setup", lambda self, trainer, module, stage: started.append(stage))
+    config = quick_config(tmp_path, quickstart_model_dir, steps=1)
+    lora = ["--model.lora.rank", "2", "--model.lora.target_modules", "[q_proj, v_prj]"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), *lora])
+    assert exit_info.value.code == 2
+    assert "model.lora.target_modules=['q_proj', 'v_prj']: ['v_prj'] match no module" in capsys.readouterr().err
+    assert started == []
