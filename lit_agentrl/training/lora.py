@@ -37,12 +37,11 @@ def peft_config(lora: Lora, base_model: str | None = None, targets: list[str] | 
     on ``lora.target_modules`` as spelled."""
     from peft import LoraConfig
 
-    spelled = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
     return LoraConfig(
         r=int(lora.rank or 0),
         lora_alpha=lora.scale_alpha,
         lora_dropout=lora.dropout,
-        target_modules=targets if targets is not None else spelled,
+        target_modules=targets if targets is not None else _spelled(lora),
         bias="none",
         task_type="CAUSAL_LM",
         base_model_name_or_path=base_model,
@@ -90,6 +89,14 @@ def target_module_names(model: torch.nn.Module, lora: Lora) -> list[str]:
         if unmatched:
             raise UserInputError(f"{key}: {unmatched} match no module of the model; {valid}")
         selected = list(dict.fromkeys(n for names in by_entry.values() for n in names))
+    _check_selection(selected, modules, head, key, valid)
+    return selected
+
+
+def _check_selection(
+    selected: list[str], modules: dict[str, torch.nn.Module], head: torch.nn.Module | None, key: str, valid: str
+) -> None:
+    """Something selected, and only linear layers other than the head."""
     if not selected:  # a string is a pattern: peft reads `q_proj` alone as the whole name `q_proj`
         raise UserInputError(
             f"{key} matches no module of the model; {valid}",
@@ -102,7 +109,6 @@ def target_module_names(model: torch.nn.Module, lora: Lora) -> list[str]:
     other = [f"{n} ({type(modules[n]).__name__})" for n in selected if not isinstance(modules[n], torch.nn.Linear)]
     if other:
         raise UserInputError(f"{key} selects modules that are not linear layers: {other[:4]}; {valid}")
-    return selected
 
 
 def _spelled(lora: Lora) -> str | list[str]:
