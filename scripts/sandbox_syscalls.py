@@ -33,7 +33,7 @@ SPAWNS = {"clone", "clone3", "fork", "vfork"}
 RULED = {"ioctl": 1, "prctl": 0, "fcntl": 1, "socket": 0, "clone": 1, "madvise": 2, "mbind": 2, "kill": 1}
 """Calls whose argument (by its place in strace's text) the filter may check: the values seen are listed."""
 LOADS_FILTER = re.compile(
-    r"^\d+ (prctl\(PR_SET_SECCOMP, SECCOMP_MODE_FILTER|seccomp\(SECCOMP_SET_MODE_FILTER), .*\{len="
+    r"^\d+\s+(prctl\(PR_SET_SECCOMP, SECCOMP_MODE_FILTER|seccomp\(SECCOMP_SET_MODE_FILTER), .*\{len="
 )
 """A process loading a seccomp filter: from here on, its calls (and its children's) are what the filter must allow."""
 

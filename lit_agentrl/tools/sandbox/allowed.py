@@ -1,11 +1,12 @@
 """The system calls a sandboxed run may make: the seccomp allow-list, and what it must never contain.
 
 How the list was made (docs/sandbox.md, "The seccomp filter", says it at length): ``scripts/sandbox_syscalls.py``
-ran the sandbox's test corpus (tests/tools/test_sandbox*.py, test_execute_python_code.py) and its own workloads
-(the standard library's ways to reach the kernel: files, time, threads, processes, sockets, compression, SQLite,
-SSL; numpy: linear algebra, FFT, memmap; sympy: solving, integrating, series), with and without the audit hook
-and with site-packages, under ``strace -f``, and listed every call made by a process after it loaded the filter
-(bubblewrap's PID 1 included: it loads the filter too). Each measured call is here, under what it is for, with
+ran the sandbox's tests (tests/tools/test_sandbox.py, test_sandbox_hostile.py, test_sandbox_parts.py,
+test_execute_python_code.py) and its own workloads (the standard library's ways to reach the kernel: files,
+time, threads, processes, sockets, compression, SQLite, SSL; numpy: linear algebra, FFT, memmap; sympy: solving,
+integrating, series; torch and scipy), with and without the audit hook and with site-packages, under
+``strace -f``, and listed every call made by a process after it loaded the filter (bubblewrap's PID 1
+included: it loads the filter too). Each measured call is here, under what it is for, with
 its other numbers for the same thing (``open`` beside ``openat``, ``dup2`` beside ``dup3``, ...), so a Python
 built on another C library (musl uses the older numbers) or a newer glibc (``statx``, ``close_range``) runs too.
 Measured but left out: the hostile corpus's attacks (:data:`DENIED`), and ``mbind`` (OpenBLAS asks for NUMA
