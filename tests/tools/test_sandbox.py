@@ -393,3 +393,34 @@ def test_site_packages_option_gives_sympy_but_not_the_project():
 def test_signals_are_named_in_errors(sandbox):
     result = sandbox.run("import os, signal\nsignal.raise_signal(signal.SIGSEGV)")
     assert result.exit_code == -signal.SIGSEGV and "SIGSEGV" in result.error
+
+
+def _zombie_children() -> list[int]:
+    """This process's children that have ended and not been waited for."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) == os.getpid():
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.usefixtures("sandbox_boundary")
+def test_a_weak_run_reports_the_codes_own_status_and_reaps_what_it_forked(monkeypatch):
+    """Without bubblewrap the code's interpreter is the trainer's own child (its wait status is the kernel's), and
+    a daemonised grandchild, killed at the end of the run, is left to the trainer (a subreaper) and reaped."""
+    monkeypatch.setattr(runner, "_probe_cache", {})
+    monkeypatch.setattr(runner, "boundary_missing", lambda: "missing bwrap (Debian: apt-get install bubblewrap)")
+    weak = PythonSandbox(dataclasses.replace(FAST, max_processes=4), allow_weak_sandbox=True)
+    weak._guard = False
+    result = weak.run("import os, sys\nsys.stderr.write('lit-agentrl-sandbox setup: forged\\n')\nos._exit(152)")
+    assert result.exit_code == 152 and result.error == "lit-agentrl-sandbox setup: forged"
+    before = set(_zombie_children())
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n"
+    code += "    os._exit(0)\nos.wait()\nprint('parent done')"
+    assert weak.run(code).stdout == "parent done\n"
+    assert no_sandbox_processes_within(5) and set(_zombie_children()) <= before
