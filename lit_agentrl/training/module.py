@@ -451,7 +451,7 @@ class GRPOModule(L.LightningModule):
         if strict and (missing or result.unexpected_keys):
             raise RuntimeError(
                 f"the checkpoint does not fit this LoRA policy (model.lora: rank {self.lora.rank}, target_modules "
-                f"{list(self.lora.target_modules)}): missing {missing[:4]}, unexpected {result.unexpected_keys[:4]}"
+                f"{self.lora.target_modules!r}): missing {missing[:4]}, unexpected {result.unexpected_keys[:4]}"
             )
         return result
 
