@@ -37,6 +37,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     "memory (counted by the cgroup and RLIMIT_AS)": (
         *("mmap", "munmap", "mremap", "mprotect", "madvise", "msync", "mincore"),
+        "map_shadow_stack",  # a new thread's shadow stack, where a newer glibc turns on CET shadow stacks
     ),
     "reading and writing descriptors": (
         *("read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev", "preadv2", "pwritev2"),
@@ -93,8 +94,10 @@ IOCTLS |= {"FIONCLEX": 0x5450, "FIOCLEX": 0x5451}
 """The ioctl requests allowed: is it a terminal and how wide, bytes waiting, non-blocking, close-on-exec."""
 PRCTL_OPTIONS = {"PR_GET_DUMPABLE": 3, "PR_SET_DUMPABLE": 4, "PR_SET_NAME": 15, "PR_GET_NAME": 16, "PR_GET_SECCOMP": 21}
 PRCTL_OPTIONS |= {"PR_SET_SECCOMP": 22, "PR_CAPBSET_READ": 23, "PR_SET_NO_NEW_PRIVS": 38, "PR_GET_NO_NEW_PRIVS": 39}
-"""The prctl options allowed: thread names, reading its state, more filters (the child loads its own), and
-whether a process may be traced or its ``/proc`` files opened by others of its uid (the run's supervisor is not)."""
+PRCTL_OPTIONS |= {"PR_SET_VMA": 0x53564D41}
+"""The prctl options allowed: thread names, reading its state, more filters (the child loads its own), whether
+a process may be traced or its ``/proc`` files opened by others of its uid (the run's supervisor is not), and
+names of its own memory (glibc 2.38 and later name thread stacks and malloc arenas)."""
 
 ALLOWED_NAMES = frozenset(name for names in ALLOWED.values() for name in names) | frozenset(RULED)
 """Every call a run may make (some only with certain arguments)."""
