@@ -3,12 +3,14 @@
 Both are :class:`~lit_agentrl.engines.base.RolloutEngine` subclasses, registered as ``sglang`` and
 ``sglang_http``; SGLang itself is imported only when an in-process engine is built. Written against SGLang
 0.5.23, whose weight updates run inside a session: ``begin_weight_update()``, any number of
-``update_weights_from_tensor(...)``, ``end_weight_update()``.
+``update_weights_from_tensor(...)``, ``end_weight_update()``. Each request carries a request id and a sampling seed
+of ours (:mod:`~lit_agentrl.engines.sglang_requests`): a call that is cancelled or fails aborts its requests in SGLang.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import atexit
 import base64
 import contextlib
@@ -28,7 +30,8 @@ from lit_agentrl.engines import sglang_group
 from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors, expected_weight_shapes
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
-from lit_agentrl.engines.requests import joined_requests, split_requests
+from lit_agentrl.engines.requests import StreamKeys
+from lit_agentrl.engines.sglang_requests import SGLangCall, sglang_call, warn_unseeded
 from lit_agentrl.engines.weight_names import checkpoint_names
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.dtypes import TORCH_DTYPES
@@ -60,8 +63,11 @@ def _import_sglang() -> Any:
 
 class _SGLangBase(RolloutEngine):
     """What both SGLang engines share: SGLang 0.5.23's weight-update session around checked pushes, LoRA adapters
-    loaded from tensors and named in every request (subclasses provide the transport), and no reseeding.
+    loaded from tensors and named in every request (subclasses provide the transport), and each request's id and
+    sampling seed (:mod:`~lit_agentrl.engines.sglang_requests`).
     """
+
+    streams: StreamKeys
 
     _shapes: dict[str, tuple[int, ...]]
     _model_type: str | None = None
@@ -74,19 +80,14 @@ class _SGLangBase(RolloutEngine):
     _adapter_requests: Counter[str]
     _adapter_lock: threading.Lock
 
-    def _call_args(self, input_ids: Any, sampling_params: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _call_args(
+        self, input_ids: Any, sampling_params: Any, kwargs: dict[str, Any], context_length: int | None
+    ) -> SGLangCall:
         """SGLang's ``generate`` arguments, checked at the engines' front door (:mod:`~lit_agentrl.engines.requests`):
-        every engine refuses a malformed request alike, and these refuse stop strings (no tokenizer here)."""
-        image_data = kwargs.pop("image_data", None)
-        requests, batched = split_requests(type(self).__name__, input_ids, sampling_params, {"image_data": image_data})
-        for request in requests:
-            request.params.check_without_tokenizer("sglang")
-        call = joined_requests(requests, batched)
-        if call["image_data"] is None:
-            del call["image_data"]
-        else:
-            call["input_ids"] = one_placeholder_per_image(call["input_ids"], self._image_token_id)
-        return {**call, **kwargs}
+        every engine refuses a malformed request or one longer than its context alike, and these refuse stop strings
+        (no tokenizer here); each request with its id and sampling seed."""
+        name = type(self).__name__
+        return sglang_call(name, input_ids, sampling_params, kwargs, self.streams, context_length, self._image_token_id)
 
     def _read_model(self, model_path: str) -> None:
         """What the pushes and image requests need to know of the policy: its weights' names and shapes (checked
@@ -219,9 +220,10 @@ class _SGLangBase(RolloutEngine):
                 self.end_weight_update()
 
     def reseed(self, seed: int) -> None:
-        """Does nothing: SGLang seeds its sampling once, from ``random_seed`` at launch, and the trainer does not
-        set a per-request ``sampling_seed``, so a resumed run does not replay the samples of an unbroken one.
-        """
+        """Restart the sampling streams, as the transformers engines do: each request's ``sampling_seed`` comes from its
+        stream (:mod:`~lit_agentrl.engines.sglang_requests`). SGLang samples from it only under
+        ``enable_deterministic_inference``; the engines warn when it is off (:func:`warn_unseeded`)."""
+        self.streams.reseed(seed)
 
     @abc.abstractmethod
     def _call(self, what: str) -> Any:
@@ -270,7 +272,11 @@ class SGLangEngine(_SGLangBase):
 
     ``loop`` is SGLang's own event loop: the rollout manager runs its agents on it, since SGLang's
     tokenizer manager serves every request and control call from one loop. ``busy_seconds`` is None (SGLang
-    does not report its compute) and :meth:`reseed` does nothing (samples follow ``seed``, set once).
+    does not report its compute). ``context_length`` is SGLang's (its model config's, or ``context_length`` among
+    ``engine.kwargs``). A call whose task is cancelled (a trajectory's timeout) has its requests aborted by SGLang
+    itself (see :meth:`async_generate`). Each request's
+    ``sampling_seed`` comes from its trajectory (see :meth:`reseed`); SGLang samples from it only with
+    ``enable_deterministic_inference: true`` (GPU attention backends only), and the engine warns at start without it.
     """
 
     shared = False  # one engine per rank
@@ -320,6 +326,10 @@ class SGLangEngine(_SGLangBase):
             **server_args,
         )
         self._own_pids = _child_pids() - before  # SGLang's scheduler and detokenizer processes
+        self.streams = StreamKeys(seed)
+        warn_unseeded("in process", server_args)
+        manager = getattr(self._engine, "tokenizer_manager", None)  # None: a test's stand-in
+        self.context_length = getattr(manager, "context_len", None)
         self.loop = self._engine.loop
         self.tp_size = tp_size
         self.weight_dtype = TORCH_DTYPES.get(dtype)  # None for SGLang's "auto": the checkpoint's own
@@ -337,9 +347,12 @@ class SGLangEngine(_SGLangBase):
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:
-        call = self._call_args(input_ids, sampling_params, kwargs)
-        with self._serving_adapter(call):
-            return await self._engine.async_generate(**call, return_logprob=return_logprob)
+        call = self._call_args(input_ids, sampling_params, kwargs, self.context_length)
+        with self._serving_adapter(call.kwargs):
+            # Cancelled (a trajectory's timeout), SGLang aborts the call's requests itself: the cancellation reaches
+            # TokenizerManager.generate_request, whose ``except BaseException`` aborts every request it dispatched
+            # (``_release_req_states_on_failure``, SGLang 0.5.23); test_sglang_abort.py holds it to that.
+            return await self._engine.async_generate(**call.kwargs, return_logprob=return_logprob)
 
     # ------------------------------------------------------------------ weights
 
@@ -441,12 +454,17 @@ class SGLangHTTPEngine(_SGLangBase):
             remote servers; ``ipc``: GPU tensors travel as CUDA IPC handles (SGLang's flattened bucket), for a server
             on the same node (a group's); CPU tensors still travel inline.
         server: the server's process when this rank started it (stopped at :meth:`shutdown`).
+        seed: the seed of the requests' sampling streams until the first :meth:`reseed`.
 
     Servers are shared by several training ranks (``shared = True``): one ``owner`` pushes weights, the others
     wait for it. ``sglang_http`` servers (started by the user) are shared by all ranks and owned by rank 0; a
     group's server (:meth:`for_group`) by its group, owned by the rank that started it. Large models belong on
     ``ipc`` or the servers' own update paths (disk, NCCL) rather than ``inline``. As for :class:`SGLangEngine`,
-    ``busy_seconds`` is None and :meth:`reseed` does nothing: the servers' ``--random-seed`` sets the samples.
+    ``busy_seconds`` is None, and each request carries a ``sampling_seed`` from its trajectory, which the server samples
+    from only when started with ``--enable-deterministic-inference`` (the client warns at its first request without
+    it). ``context_length`` is the server's (its ``/v1/models`` ``max_model_len``, SGLang's own limit), read at the
+    first request or the first time it is asked for. A call that is cancelled (a trajectory's timeout) or fails sends
+    ``/abort_request`` for each of its requests.
     """
 
     shared = True
@@ -464,7 +482,7 @@ class SGLangHTTPEngine(_SGLangBase):
         if not urls:
             raise UserInputError("engine 'sglang_http' needs engine.kwargs.urls: a list of SGLang server URLs")
         owner = placement is None or placement.global_rank == 0
-        return [cls(url, model_path, owner=owner, **kwargs) for url in urls]
+        return [cls(url, model_path, owner=owner, seed=seed, **kwargs) for url in urls]
 
     @classmethod
     def for_group(
@@ -496,6 +514,7 @@ class SGLangHTTPEngine(_SGLangBase):
             owner=placement.starts_engine,
             transport="ipc",
             server=server,
+            seed=seed,
         )
 
     def __init__(
@@ -507,6 +526,7 @@ class SGLangHTTPEngine(_SGLangBase):
         owner: bool = True,
         transport: str = "inline",
         server: Any = None,
+        seed: int = 0,
     ) -> None:
         import httpx
 
@@ -518,6 +538,33 @@ class SGLangHTTPEngine(_SGLangBase):
         self._timeout = timeout_s
         self._sync = httpx.Client(base_url=self.url, timeout=timeout_s)
         self._async: dict[int, Any] = {}  # one async client per event loop
+        self.streams = StreamKeys(seed)
+        self._context_length: int | None = None
+        self._facts_read = False  # the server's context length and seeding, read once
+
+    @property
+    def context_length(self) -> int | None:  # type: ignore[override]
+        """The server's context length (its ``/v1/models`` ``max_model_len``), asked of it the first time."""
+        if not self._facts_read:
+            models = self._sync.get("/v1/models")
+            models.raise_for_status()
+            self._note_facts(models.json(), self._server_info())
+        return self._context_length
+
+    async def _read_facts(self) -> None:
+        """What the first request needs to know of the server: its context length, and whether it seeds by request."""
+        models, info = await asyncio.gather(self._client().get("/v1/models"), self._client().get("/get_server_info"))
+        models.raise_for_status()
+        info.raise_for_status()
+        self._note_facts(models.json(), dict(info.json()))
+
+    def _note_facts(self, models: dict[str, Any], server_info: dict[str, Any]) -> None:
+        if self._facts_read:
+            return
+        lengths = [entry.get("max_model_len") for entry in models.get("data") or []]
+        self._context_length = next((int(n) for n in lengths if n), None)
+        self._facts_read = True
+        warn_unseeded(self.url, server_info)
 
     @classmethod
     def lora_engine_kwargs(cls, lora: Lora, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -541,12 +588,19 @@ class SGLangHTTPEngine(_SGLangBase):
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:
-        body = {**self._call_args(input_ids, sampling_params, kwargs), "return_logprob": return_logprob}
+        if not self._facts_read:
+            await self._read_facts()
+        call = self._call_args(input_ids, sampling_params, kwargs, self._context_length)
+        body = {**call.kwargs, "return_logprob": return_logprob}
         if "image_data" in body:  # PIL images travel as data URLs (SGLang loads those)
             body["image_data"] = _jsonable_images(body["image_data"])
         tag, version = current_tag(), self.weight_version
         with self._serving_adapter(body) as adapter:
-            response = await self._client().post("/generate", json=body)
+            try:
+                response = await self._client().post("/generate", json=body)
+            except BaseException:  # cancelled (a trajectory's timeout) or cut off: the server would compute on
+                await _finish(self.abort(call.rids))
+                raise
         response.raise_for_status()
         result = response.json()
         if tag is not None:  # a push while the request ran continued it on newer weights (partial rollouts), unless
@@ -630,6 +684,18 @@ class SGLangHTTPEngine(_SGLangBase):
     def abort_all(self) -> None:
         """Abort every request in flight on the server (e.g. a rollout past its deadline)."""
         self._post("/abort_request", {"rid": "", "abort_all": True})
+
+    async def abort(self, rids: list[str]) -> None:
+        """Abort the requests ``rids`` on the server (``/abort_request``): each leaves its queue or running batch."""
+        responses = await asyncio.gather(*(self._client().post("/abort_request", json={"rid": r}) for r in rids))
+        for response in responses:
+            if response.status_code >= 400:
+                log.warning(
+                    "SGLang at %s did not abort a request: HTTP %d %s",
+                    self.url,
+                    response.status_code,
+                    response.text[:300],
+                )
 
     def flush_cache(self) -> bool:
         return bool(_as_pair(self._post("/flush_cache"))[0])
@@ -726,20 +792,6 @@ def ipc_payloads(pairs: list[tuple[str, torch.Tensor]], tp_size: int) -> tuple[l
     return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)], None
 
 
-def one_placeholder_per_image(input_ids: Any, image_token_id: int | None) -> Any:
-    """``input_ids`` (one prompt or a batch) with each run of image pads narrowed to one pad, as the chat template
-    wrote it; SGLang widens it again to one pad per merged patch of the image in ``image_data``, keeping every
-    other token as sent. Sent widened (as :func:`~lit_agentrl.agents.multimodal.encode_multimodal` widens them),
-    the pads fail SGLang's check of one placeholder per image and it decodes the prompt and tokenizes the text
-    again (``SGLANG_MM_AVOID_RETOKENIZE``'s fallback), which changes any prompt not tokenized canonically.
-    """
-    if image_token_id is None or not input_ids:
-        return input_ids
-    if isinstance(input_ids[0], list):
-        return [one_placeholder_per_image(ids, image_token_id) for ids in input_ids]
-    return [t for k, t in enumerate(input_ids) if t != image_token_id or k == 0 or input_ids[k - 1] != image_token_id]
-
-
 VLM_CACHE_ENV = "SGLANG_VLM_CACHE_SIZE_MB"
 """SGLang keeps each image's vision-tower output, keyed by the image, across weight pushes and cache flushes (its
 multimodal embedding cache, 100 MB by default): after a push, an image seen before would be encoded by the old vision
@@ -750,6 +802,20 @@ def server_env(model_path: str) -> dict[str, str]:
     """Environment an SGLang server over ``model_path`` needs for training: a vision-language model's runs without the
     vision embedding cache (:data:`VLM_CACHE_ENV`)."""
     return {VLM_CACHE_ENV: "0"} if is_vision_language(model_path) else {}
+
+
+async def _finish(work: Any) -> None:
+    """Run ``work`` (an abort) to its end even if the awaiting task is cancelled again meanwhile (shielded, it goes on
+    without the task); its failure is logged, never raised over the error being handled."""
+    task = asyncio.ensure_future(work)
+    task.add_done_callback(_log_failure)
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.shield(task)
+
+
+def _log_failure(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("aborting SGLang requests failed: %r", task.exception())
 
 
 def _jsonable_images(image_data: Any) -> Any:

@@ -139,6 +139,7 @@ def test_penalties_pass_through_to_sglang_unchanged(tiny_model_dir):
     engine = RecordingSGLangEngine(str(tiny_model_dir))
     params = {"frequency_penalty": 0.5, "presence_penalty": -0.25, "repetition_penalty": 1.2, "max_new_tokens": 3}
     asyncio.run(engine.async_generate(input_ids=[1, 2], sampling_params=params))
-    assert engine.sent[0]["sampling_params"] == params
+    sent = dict(engine.sent[0]["sampling_params"])
+    assert isinstance(sent.pop("sampling_seed"), int) and sent == params  # the engine adds the request's seed
     with pytest.raises(ValueError, match="repetition_penalty"):
         asyncio.run(engine.async_generate(input_ids=[1, 2], sampling_params={"repetition_penalty": 3.0}))

@@ -8,7 +8,7 @@ single ``<|image_pad|>`` widened to the image's merged patches. Ids that already
 rebuild ("prompt has N image placeholder token(s) but 1 image(s) were provided") and SGLang keeps its own
 re-tokenization of the decoded text instead, which changes a prompt that is not tokenized canonically (a model's
 own sampled tokens often are not). The engines therefore send one pad per image
-(:func:`~lit_agentrl.engines.sglang.one_placeholder_per_image`); the tests below check the prompt SGLang scores is
+(:func:`~lit_agentrl.engines.sglang_requests.one_placeholder_per_image`); the tests below check the prompt SGLang scores is
 token for token ours, and its log-probs are transformers' on our ids.
 
 Run in the SGLang environment, like the other ``sglang`` tests::
