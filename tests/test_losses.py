@@ -497,3 +497,10 @@ def test_kl_to_reference_extreme_delta_is_finite():
     kl = kl_to_reference(_f64([[-100.0, 0.0]]), _f64([[0.0, -100.0]]))
     assert kl[0, 0].item() == pytest.approx(math.exp(20) - 20 - 1, rel=1e-12)
     assert kl[0, 1].item() == pytest.approx(math.exp(-20) + 20 - 1, rel=1e-12)
+
+
+def test_the_configs_names_are_the_implementations_names():
+    from lit_agentrl.config import choices
+    from lit_agentrl.training.losses import AGGREGATIONS
+
+    assert tuple(AGGREGATIONS) == choices.AGGREGATIONS

@@ -18,9 +18,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from lit_agentrl.config.choices import (
+    ADVANTAGE_STDS,
+    AGGREGATIONS,
+    CORRECTIONS,
+    LEVELS,
+    MIS_WEIGHTS,
+    SEQUENCE_REWARDS,
+)
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.training.correction import CORRECTIONS, LEVELS, MIS_WEIGHTS
-from lit_agentrl.training.losses import ADVANTAGE_STDS, AGGREGATIONS, SEQUENCE_REWARDS
 
 LR_SCHEDULES = ("constant", "cosine")
 OLD_LOGPROBS = ("engine", "trainer")
@@ -129,7 +135,7 @@ class Loss:
                 ),
                 (self.kl_coef >= 0, f"model.loss.kl_coef must be >= 0, got {self.kl_coef}"),
                 (self.entropy_coef >= 0, f"model.loss.entropy_coef must be >= 0, got {self.entropy_coef}"),
-                _one_of("model.loss.aggregation", self.aggregation, tuple(AGGREGATIONS)),
+                _one_of("model.loss.aggregation", self.aggregation, AGGREGATIONS),
                 (
                     self.aggregation != "seq-mean-token-sum-norm" or (self.norm_length or 0) > 0,
                     "model.loss.aggregation seq-mean-token-sum-norm divides by a constant length: set "

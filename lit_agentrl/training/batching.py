@@ -8,9 +8,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from lit_agentrl.config.choices import SEQUENCE_REWARDS
 from lit_agentrl.config.training import Overlong
 from lit_agentrl.models.processors import mrope_position_ids
-from lit_agentrl.training.losses import SEQUENCE_REWARDS, grpo_advantages
+from lit_agentrl.training.losses import grpo_advantages
 from lit_agentrl.types import TokenSequence, Trajectory
 
 
@@ -54,7 +55,7 @@ def prepare_samples(
 
     With ``need_rollout_logprobs`` (the old log-probs are the engine's) a trajectory whose agent returned no
     ``response_logprobs`` is an error naming the agent; otherwise its old log-probs are left for the trainer.
-    ``advantage_std`` is :data:`~lit_agentrl.training.losses.ADVANTAGE_STDS`'s. ``overlong`` says what truncated trajectories
+    ``advantage_std`` is :data:`~lit_agentrl.config.choices.ADVANTAGE_STDS`'s. ``overlong`` says what truncated trajectories
     get (see :class:`Overlong`; default: trained as they are). Every token sequence of a trajectory becomes a
     sample; ``sequence_rewards`` (:data:`SEQUENCE_REWARDS`) says how a trajectory of several sequences is scored.
     """

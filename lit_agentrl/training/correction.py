@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import torch
 
+from lit_agentrl.config.choices import CORRECTIONS, LEVELS, MIS_WEIGHTS
 from lit_agentrl.training.losses import per_sequence_sums
 
-CORRECTIONS = ("tis", "mis")
-LEVELS = ("token", "sequence", "geometric")
-MIS_WEIGHTS = ("importance", "one")
 LOG_RATIO_BOUND = 20.0
 
 

@@ -10,22 +10,13 @@ from typing import NamedTuple
 
 import torch
 
+from lit_agentrl.config.choices import ADVANTAGE_STDS
+
 
 class GroupAdvantages(NamedTuple):
     advantages: torch.Tensor  # [N]
     num_groups: int
     num_flat_groups: int  # groups whose rewards are all equal: zero advantage, no gradient
-
-
-ADVANTAGE_STDS = ("sample", "population", "none")
-"""``model.advantage_std``: what a group's centred rewards are divided by. ``sample``: the unbiased (n - 1) std, as
-``torch.std`` gives it (TRL, verl, OpenRLHF); ``population``: the n std (ChatLearn's ``np.std``); ``none``: not
-divided, Dr. GRPO."""
-
-SEQUENCE_REWARDS = ("shared", "own")
-"""``model.loss.sequence_rewards``: how a trajectory of several token sequences is scored. ``shared``: it is one
-member of its group, and each of its sequences gets its advantage; ``own``: each sequence is a member, scored by the
-reward the agent gave it (``TokenSequence.reward``), else by the trajectory's."""
 
 
 def grpo_advantages(
@@ -133,7 +124,7 @@ def seq_mean_token_sum_norm(
     return _over_sequences(sums, scale) / (scale.norm_length if scale is not None else 1.0)
 
 
-AGGREGATIONS: dict[str, Aggregation] = {
+AGGREGATIONS: dict[str, Aggregation] = {  # keyed by config.choices.AGGREGATIONS
     "token-mean": token_mean,
     "seq-mean-token-mean": seq_mean_token_mean,
     "seq-mean-token-sum": seq_mean_token_sum,

@@ -1,0 +1,26 @@
+"""The names each option of the model's settings accepts. The config is a leaf: it names what the training side
+implements, and the training side keeps its implementations under exactly these names (tests/test_losses.py checks
+that they agree)."""
+
+from __future__ import annotations
+
+ADVANTAGE_STDS = ("sample", "population", "none")
+"""``model.loss.advantage_std``: what a group's centred rewards are divided by. ``sample``: the unbiased (n - 1) std,
+as ``torch.std`` gives it (TRL, verl, OpenRLHF); ``population``: the n std (ChatLearn's ``np.std``); ``none``: not
+divided, Dr. GRPO."""
+
+SEQUENCE_REWARDS = ("shared", "own")
+"""``model.loss.sequence_rewards``: how a trajectory of several token sequences is scored. ``shared``: it is one
+member of its group, and each of its sequences gets its advantage; ``own``: each sequence is a member, scored by the
+reward the agent gave it (``TokenSequence.reward``), else by the trajectory's."""
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+"""``model.loss.aggregation``: how token losses become one loss (``lit_agentrl.training.losses.AGGREGATIONS`` holds
+each one's function)."""
+
+CORRECTIONS = ("tis", "mis")
+"""``model.correction.kind``: truncated or masked importance sampling."""
+LEVELS = ("token", "sequence", "geometric")
+"""``model.correction.level``: where the importance ratio is taken."""
+MIS_WEIGHTS = ("importance", "one")
+"""``model.correction.mis_weight``: what a kept token is weighted by under ``mis``."""
