@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning as L
 
+from lit_agentrl.bridge.offload import TrainerOffload
 from lit_agentrl.callbacks.ranks import TrainerCollective, engine_placement
 from lit_agentrl.callbacks.rollout_checks import check_async, check_module
 from lit_agentrl.config.rollout import EngineSettings
@@ -24,7 +25,6 @@ from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.rollout.schedule import AsyncRollouts
 from lit_agentrl.rollout.seeds import RolloutSeeds
 from lit_agentrl.training.module import GRPOModule
-from lit_agentrl.training.offload import TrainerOffload
 
 
 @dataclass(frozen=True)

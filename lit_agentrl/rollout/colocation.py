@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import torch
 
+from lit_agentrl.bridge.offload import TrainerOffload
 from lit_agentrl.engines import RolloutEngine
-from lit_agentrl.training.offload import TrainerOffload
 
 GB = 1e9
 

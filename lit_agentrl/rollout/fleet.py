@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from lit_agentrl.bridge.offload import TrainerOffload
 from lit_agentrl.config.training import Lora
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.weight_sync import sync_weights
@@ -19,7 +20,6 @@ from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.dtypes import torch_dtype
 from lit_agentrl.rollout.collective import Collective, SingleProcess
 from lit_agentrl.rollout.colocation import ColocatedCycle
-from lit_agentrl.training.offload import TrainerOffload
 
 OffloadStates = Callable[[], list[TrainerOffload]]
 """The trainer's parts to move to host memory in a colocated window (built on the first window: the model and the

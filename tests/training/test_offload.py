@@ -20,8 +20,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, Qwen3Config
 
+from lit_agentrl.bridge.offload import TrainerOffload
 from lit_agentrl.training.loading import fully_shard_layers
-from lit_agentrl.training.offload import TrainerOffload
 
 CPU = torch.device("cpu")
 
