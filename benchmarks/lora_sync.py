@@ -22,12 +22,13 @@ import torch
 from shared import SGLANG_CPU, sync_model
 from transformers import AutoModelForCausalLM
 
+from lit_agentrl.bridge.lora import adapter_named_parameters, merged_named_parameters
+from lit_agentrl.bridge.weights import sync_weights
 from lit_agentrl.config.training import Lora
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.hf import TransformersEngine
-from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.models.tiny import save_tiny_model
-from lit_agentrl.training.lora import adapter_named_parameters, add_adapters, merged_named_parameters
+from lit_agentrl.training.lora import add_adapters
 
 
 def start_engine(kind: str, path: str, lora: Lora | None) -> RolloutEngine:

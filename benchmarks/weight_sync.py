@@ -17,8 +17,8 @@ import torch
 from shared import sync_model
 from transformers import AutoModelForCausalLM
 
+from lit_agentrl.bridge.weights import sync_weights
 from lit_agentrl.engines.hf import TransformersEngine
-from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.models.tiny import save_tiny_model
 
 

@@ -270,7 +270,7 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     # The weight sync (colocated: SGLang's weights resumed, its KV cache not yet; AdamW states already offloaded):
     # the sharded parameters, one bucket of tensors in the engine's dtype and its flattened copy, and the largest
     # tensor (embedding or head) as gathered in fp32 and cast, beside the bucket not yet sent
-    # (lit_agentrl.engines.weight_sync).
+    # (lit_agentrl.bridge.weights).
     offloaded = x.colocate and x.trainer_offloaded
     engine_bytes = DTYPE_BYTES[x.engine_dtype]
     adapter_push = bool(a) and x.lora_sync == "adapter"  # the adapters alone

@@ -17,9 +17,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
+from lit_agentrl.bridge.lora import adapter_config, adapter_named_parameters, merged_named_parameters
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.dtypes import torch_dtype
-from lit_agentrl.training.lora import adapter_config, adapter_named_parameters, merged_named_parameters
 from lit_agentrl.training.module import GRPOModule
 
 

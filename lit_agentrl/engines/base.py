@@ -86,12 +86,12 @@ class RolloutEngine(abc.ABC):
     not fit is refused with :class:`PromptTooLongError` before it reaches the engine."""
 
     weight_dtype: torch.dtype | None = None
-    """The dtype the engine holds its weights in: :func:`~lit_agentrl.engines.weight_sync.sync_weights` casts each
+    """The dtype the engine holds its weights in: :func:`~lit_agentrl.bridge.weights.sync_weights` casts each
     gathered tensor to it before pushing (a bf16 engine gets half the bytes of the fp32 master weights, rounded as its
     own load would round them); None: pushed as the trainer holds them."""
 
     weight_version: int = 0
-    """Training steps in the weights it generates with, set by :func:`~lit_agentrl.engines.weight_sync.sync_weights`
+    """Training steps in the weights it generates with, set by :func:`~lit_agentrl.bridge.weights.sync_weights`
     inside the update session; trajectories record it (their staleness in ``mode: async``)."""
 
     generates_beside_trainer: bool = False

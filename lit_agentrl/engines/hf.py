@@ -275,7 +275,7 @@ class TransformersEngine(RolloutEngine):
         ``config``), then each call copies the adapter's tensors in, between decode steps."""
         from peft import LoraConfig, inject_adapter_in_model
 
-        from lit_agentrl.training.lora import adapter_parameter_names
+        from lit_agentrl.models.lora_names import adapter_parameter_names
 
         with self.scheduler.step_lock, torch.no_grad():
             if self._lora_config is None:

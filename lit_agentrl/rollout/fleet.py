@@ -13,9 +13,9 @@ from collections.abc import Callable
 import torch
 
 from lit_agentrl.bridge.offload import TrainerOffload
+from lit_agentrl.bridge.weights import sync_weights
 from lit_agentrl.config.training import Lora
 from lit_agentrl.engines.base import RolloutEngine
-from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.dtypes import torch_dtype
 from lit_agentrl.rollout.collective import Collective, SingleProcess

@@ -2,12 +2,8 @@
 
 The adapters are injected into the transformers model itself (``peft.inject_adapter_in_model``), so the policy stays
 a ``Qwen3ForCausalLM`` (FSDP2 shards its decoder layers as before): each targeted linear becomes a peft ``Linear``
-holding ``base_layer`` and ``lora_A``/``lora_B``. Names gain ``.base_layer`` and ``.lora_{A,B}.default``:
-
-* :func:`merged_named_parameters` gives the engines the plain model's names, each targeted weight with its adapter
-  folded in (W + alpha/r B A): any engine takes them as a full push;
-* :func:`adapter_named_parameters` gives the adapters alone under peft's saved names (``base_model.model.<module>
-  .lora_A.weight``), with :func:`adapter_config` the ``adapter_config.json`` beside them.
+holding ``base_layer`` and ``lora_A``/``lora_B`` (named as :mod:`lit_agentrl.models.lora_names` says). What the
+engines and exports get of them (merged weights, or the adapters alone) is :mod:`lit_agentrl.bridge.lora`'s.
 
 The reference policy of the KL term is the base itself: :func:`adapters_disabled` (no second copy).
 """
@@ -16,36 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import torch
 
+from lit_agentrl.bridge.lora import peft_config, spelled_targets
 from lit_agentrl.config.training import HEAD_REFUSAL, Lora, is_all_linear
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.dtypes import torch_dtype
-
-ADAPTER = "default"
-"""peft's name for the one adapter."""
-PEFT_PREFIX = "base_model.model."
-"""What peft's saved adapters put before the model's own names."""
-_ADAPTER_PART = re.compile(rf"\.(lora_[AB])\.{ADAPTER}\.")
-
-
-def peft_config(lora: Lora, base_model: str | None = None, targets: list[str] | None = None) -> Any:
-    """peft's ``LoraConfig`` for ``lora`` (a causal LM, no bias), on ``targets`` (full module names) when given, else
-    on ``lora.target_modules`` as spelled."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=int(lora.rank or 0),
-        lora_alpha=lora.scale_alpha,
-        lora_dropout=lora.dropout,
-        target_modules=targets if targets is not None else _spelled(lora),
-        bias="none",
-        task_type="CAUSAL_LM",
-        base_model_name_or_path=base_model,
-    )
+from lit_agentrl.models.lora_names import is_adapter
 
 
 def add_adapters(model: torch.nn.Module, lora: Lora) -> torch.nn.Module:
@@ -73,7 +48,7 @@ def target_module_names(model: torch.nn.Module, lora: Lora) -> list[str]:
     beside good names would otherwise train the rest), when nothing is selected, or when the selection holds the
     head, the embeddings or a module that is not a linear layer (listing the linear layers' names in each case).
     """
-    key = f"model.lora.target_modules={_spelled(lora)}"
+    key = f"model.lora.target_modules={spelled_targets(lora)}"
     modules = dict(model.named_modules())
     head = _output_head(model)
     linear = [name for name, m in modules.items() if isinstance(m, torch.nn.Linear) and m is not head]
@@ -111,21 +86,9 @@ def _check_selection(
         raise UserInputError(f"{key} selects modules that are not linear layers: {other[:4]}; {valid}")
 
 
-def _spelled(lora: Lora) -> str | list[str]:
-    return lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
-
-
 def _output_head(model: torch.nn.Module) -> torch.nn.Module | None:
     get = getattr(model, "get_output_embeddings", None)
     return get() if callable(get) else None
-
-
-def is_adapter(name: str) -> bool:
-    return _ADAPTER_PART.search(name) is not None
-
-
-def has_adapters(model: torch.nn.Module) -> bool:
-    return any(is_adapter(name) for name, _ in model.named_parameters())
 
 
 @contextlib.contextmanager
@@ -141,59 +104,3 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for layer in layers:
             layer.enable_adapters(True)
-
-
-def _full(param: torch.Tensor) -> torch.Tensor:
-    tensor = param.detach()
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def merged_named_parameters(
-    model: torch.nn.Module, dtype: torch.dtype | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every weight of the plain model, by its plain name, each targeted one with its adapter folded in
-    (W + alpha/r B A, computed in float32), cast to ``dtype`` when given. Under FSDP2 each tensor is gathered, in
-    the same order on every rank."""
-    from peft.tuners.lora import LoraLayer
-
-    params = dict(model.named_parameters())
-    scales = {
-        f"{name}.base_layer.weight": float(module.scaling[ADAPTER])
-        for name, module in model.named_modules()
-        if isinstance(module, LoraLayer)
-    }
-    for name, param in params.items():
-        if is_adapter(name):
-            continue
-        tensor = _full(param)
-        if name in scales:
-            module = name.removesuffix(".base_layer.weight")
-            a = _full(params[f"{module}.lora_A.{ADAPTER}.weight"]).float()
-            b = _full(params[f"{module}.lora_B.{ADAPTER}.weight"]).float()
-            tensor = torch.addmm(tensor.float(), b, a, alpha=scales[name])
-            name = f"{module}.weight"
-        out = dtype if dtype is not None else torch.float32
-        yield name, tensor.to(out) if tensor.is_floating_point() else tensor
-
-
-def saved_name(name: str) -> str:
-    """A parameter's name as peft saves adapters (``base_model.model.<module>.lora_A.weight``)."""
-    return PEFT_PREFIX + _ADAPTER_PART.sub(r".\1.", name)
-
-
-def adapter_parameter_names(names: Iterable[str]) -> dict[str, str]:
-    """peft's saved name -> the model's own name, for each adapter parameter among ``names``."""
-    return {saved_name(name): name for name in names if is_adapter(name)}
-
-
-def adapter_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The adapters' full tensors under peft's saved names."""
-    for name, param in model.named_parameters():
-        if is_adapter(name):
-            yield saved_name(name), _full(param)
-
-
-def adapter_config(lora: Lora, base_model: str | None = None) -> dict[str, Any]:
-    """The ``adapter_config.json`` of the adapters (peft's own fields)."""
-    config = peft_config(lora, base_model).to_dict()
-    return {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}

@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 
 from lit_agentrl.config.training import Compute, Correction, Lora, Loss, Optimizer, Overlong
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.models.lora_names import is_adapter
 from lit_agentrl.models.processors import vision_settings
 from lit_agentrl.training.batching import (
     MicroBatch,
@@ -40,7 +41,7 @@ from lit_agentrl.training.batching import (
 from lit_agentrl.training.evaluation import EvalResult, PassAtK
 from lit_agentrl.training.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
 from lit_agentrl.training.logprobs import check_chunked_head, model_token_logprobs
-from lit_agentrl.training.lora import adapters_disabled, add_adapters, is_adapter
+from lit_agentrl.training.lora import adapters_disabled, add_adapters
 from lit_agentrl.training.losses import LossScale, TokenLogProbs
 from lit_agentrl.training.lr_schedule import lr_factor
 from lit_agentrl.training.objective import loss_scale, micro_batch_loss

@@ -148,7 +148,7 @@ def test_many_concurrent_requests(contract_engine, policy_model):
 
 
 def test_weight_update_changes_greedy_output_to_the_updated_model(contract_engine, tiny_model_dir):
-    from lit_agentrl.engines.weight_sync import sync_weights
+    from lit_agentrl.bridge.weights import sync_weights
 
     updated = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     torch.manual_seed(1)
@@ -167,8 +167,8 @@ def test_weight_update_changes_greedy_output_to_the_updated_model(contract_engin
 
 def test_a_lora_policys_merged_weights_make_the_engine_generate_as_the_policy(contract_engine, tiny_model_dir):
     """``model.lora.sync: merged``, the push every engine takes: each targeted weight with its adapter folded in."""
+    from lit_agentrl.bridge.weights import sync_weights
     from lit_agentrl.config.training import Lora
-    from lit_agentrl.engines.weight_sync import sync_weights
     from lit_agentrl.training.lora import add_adapters
 
     lora = Lora(rank=4, base_dtype="float32")

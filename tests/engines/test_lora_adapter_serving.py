@@ -18,9 +18,9 @@ import torch
 from support import SGLANG_CPU, require_sglang, running_http_engine
 from transformers import AutoModelForCausalLM
 
+from lit_agentrl.bridge.weights import sync_weights
 from lit_agentrl.config.training import Lora
 from lit_agentrl.engines.base import RolloutEngine, output_logprobs
-from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.training.lora import add_adapters
 
 LORA = Lora(rank=4, base_dtype="float32", sync="adapter")

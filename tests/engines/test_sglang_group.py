@@ -29,9 +29,9 @@ PROMPTS = [[5, 6, 7], [20, 21, 22, 23]]  # one per rank
 def rank_main(rank: int, model_dir: str, init_port: int, group_port: int, out: str) -> None:
     from transformers import AutoModelForCausalLM
 
+    from lit_agentrl.bridge.weights import sync_weights
     from lit_agentrl.engines import build_engines
     from lit_agentrl.engines.placement import EnginePlacement
-    from lit_agentrl.engines.weight_sync import sync_weights
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{init_port}", rank=rank, world_size=2)
     loop = asyncio.new_event_loop()

@@ -17,8 +17,8 @@ import pytest
 import torch
 from support import require_sglang, running_http_engine
 
+from lit_agentrl.bridge.weights import sync_weights
 from lit_agentrl.engines.base import output_logprobs
-from lit_agentrl.engines.weight_sync import sync_weights
 
 pytestmark = pytest.mark.sglang
 LONG = {"max_new_tokens": 1500, "temperature": 1.0, "ignore_eos": True}

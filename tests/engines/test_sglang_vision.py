@@ -240,7 +240,7 @@ def _pushed(engine, policy, original):
     """Push ``policy`` with ``sync_weights`` for the ``with`` block, then ``original`` back."""
     from contextlib import contextmanager
 
-    from lit_agentrl.engines.weight_sync import sync_weights
+    from lit_agentrl.bridge.weights import sync_weights
 
     @contextmanager
     def pushed():

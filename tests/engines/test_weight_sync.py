@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from lit_agentrl.bridge.weights import buckets, sync_weights
 from lit_agentrl.engines.base import RolloutEngine
-from lit_agentrl.engines.weight_sync import buckets, sync_weights
 
 
 class RecordingEngine(RolloutEngine):

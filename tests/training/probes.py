@@ -10,7 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lit_agentrl.engines.weight_sync import full_named_parameters
+from lit_agentrl.bridge.weights import full_named_parameters
 
 
 class PromptRecorder(Callback):

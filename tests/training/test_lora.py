@@ -19,9 +19,10 @@ import torch.multiprocessing as mp
 from support import free_port
 from torch.distributed.device_mesh import init_device_mesh
 
+from lit_agentrl.bridge.lora import adapter_named_parameters, merged_named_parameters
 from lit_agentrl.config.training import Compute, Lora, Loss
 from lit_agentrl.training.batching import TrainingSample
-from lit_agentrl.training.lora import adapter_named_parameters, adapters_disabled, merged_named_parameters
+from lit_agentrl.training.lora import adapters_disabled
 from lit_agentrl.training.module import GRPOModule
 
 LORA = Lora(rank=4, alpha=16, base_dtype="float32", target_modules=("q_proj", "v_proj", "down_proj"))

@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 from test_lora import lora_module
 from transformers import AutoModelForCausalLM
 
+from lit_agentrl.bridge.lora import merged_named_parameters
 from lit_agentrl.callbacks.export import HFExportCallback
 from lit_agentrl.config.training import Lora
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.training.lora import merged_named_parameters
 from lit_agentrl.training.module import GRPOModule
 
 LORA_BF16 = Lora(rank=4, alpha=16, target_modules=("q_proj", "v_proj", "down_proj"))  # base_dtype: bfloat16

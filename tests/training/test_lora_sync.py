@@ -13,9 +13,9 @@ import yaml
 from support import REPO_ROOT, short_fit
 from test_lora import LORA, lora_module
 
+from lit_agentrl.bridge.weights import sync_weights
 from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.hf import TransformersEngine
-from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.rollout.fleet import EngineFleet
 from lit_agentrl.training.lora import adapters_disabled

@@ -11,8 +11,9 @@ from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.cli import main
 from lit_agentrl.config.training import QWEN_LINEAR_MODULES, Lora
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.models.lora_names import is_adapter
 from lit_agentrl.plan import lora_parameters
-from lit_agentrl.training.lora import is_adapter, target_module_names
+from lit_agentrl.training.lora import target_module_names
 from lit_agentrl.training.module import GRPOModule
 
 LINEAR_NAMES = r"the model's linear layers are named \['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', "

@@ -19,8 +19,8 @@ from transformers import AutoModelForImageTextToText
 
 from lit_agentrl.agents import ChatModel, count_template_drift
 from lit_agentrl.agents.multimodal import attach_images
+from lit_agentrl.bridge.weights import sync_weights
 from lit_agentrl.engines.hf import TransformersEngine
-from lit_agentrl.engines.weight_sync import sync_weights
 from lit_agentrl.models.processors import ComposedVLProcessor, load_processor, mrope_position_ids, vision_settings
 from lit_agentrl.models.tiny_vl import IMAGE_PAD, TinyVLConfig, save_tiny_vl_model
 from lit_agentrl.training.batching import collate, prepare_samples

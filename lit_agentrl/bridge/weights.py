@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import torch
 
+from lit_agentrl.bridge.lora import adapter_config, adapter_named_parameters, merged_named_parameters
 from lit_agentrl.config.training import Lora
 from lit_agentrl.engines.base import RolloutEngine
-from lit_agentrl.training.lora import adapter_config, adapter_named_parameters, merged_named_parameters
 
 
 def full_named_parameters(
