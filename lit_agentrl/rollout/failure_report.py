@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+from lit_agentrl.display import inert
 from lit_agentrl.types import Trajectory
 
 MAX_TRACEBACKS = 8
@@ -51,4 +52,4 @@ class FailureReport:
             text += f" (reasons seen before: their tracebacks are in the report of step {', '.join(map(str, before))})"
         for reason, traceback in new.items():
             text += f"\nfirst traceback of {reason!r}:\n{traceback}"
-        return text
+        return inert(text)  # reasons and tracebacks may quote a tool's output: shown, not obeyed, on the console

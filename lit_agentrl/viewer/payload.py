@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from lit_agentrl.viewer.display import inert_values
+from lit_agentrl.display import inert_values
 from lit_agentrl.viewer.records import RECORD_KEY
 
 CURVES = {

@@ -10,9 +10,9 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from lit_agentrl.display import inert, inert_values, json_inert
 from lit_agentrl.rows import row_ground_truth, row_prompt
 from lit_agentrl.types import TokenSequence, Trajectory
-from lit_agentrl.viewer.display import inert, inert_values, json_inert
 
 FORMAT_VERSION = 1
 RECORD_KEY = ("split", "step", "rank", "batch", "group", "sample")

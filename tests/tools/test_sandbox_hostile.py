@@ -999,7 +999,7 @@ def test_real_signals_and_exit_statuses_are_reported_as_they_were(every_mode, co
 
 
 def test_the_output_reaches_the_model_unchanged_and_is_shown_inert(every_mode):
-    from lit_agentrl.viewer.display import INERT_CHARACTERS, inert
+    from lit_agentrl.display import INERT_CHARACTERS, inert
 
     result = every_mode.run(f"import sys\nprint({SHOWN!r})\nsys.stderr.write({SHOWN!r})")
     assert result.stdout == SHOWN + "\n" and result.stderr == SHOWN and result.as_tool_text() == SHOWN

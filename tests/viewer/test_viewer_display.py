@@ -5,12 +5,14 @@ the trajectory itself, and so what the model was given, keeps every character.""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
+from lit_agentrl.display import INERT_CHARACTERS, inert, inert_values, json_inert
+from lit_agentrl.rollout.failure_report import FailureReport, first_tracebacks
 from lit_agentrl.types import Trajectory
 from lit_agentrl.viewer import build_payload, render_page
-from lit_agentrl.viewer.display import INERT_CHARACTERS, inert, inert_values, json_inert
 from lit_agentrl.viewer.records import samples_text, table_row, to_json_line, trajectory_record
 from lit_agentrl.viewer.writer import append_jsonl
 
@@ -92,3 +94,9 @@ def test_the_viewer_shows_escapes(tmp_path):
     (shown,) = payload["trajectories"]
     assert shown["messages"][1]["content"] == inert(TEXT) and not raw(json.dumps(payload, ensure_ascii=False))
     assert not raw(render_page(payload))
+
+
+def test_the_consoles_failure_warning_is_inert():
+    failed = tool_trajectory()
+    report = FailureReport().message(0, 1, 1, Counter([failed.failure_reason]), first_tracebacks([failed]))
+    assert not raw(report) and "\\x1b]0;owned\\x07" in report and report.count("\n") > TEXT.count("\n")
