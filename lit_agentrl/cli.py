@@ -259,7 +259,7 @@ def check_lora_targets(module: LightningModule) -> None:
     lora = getattr(module, "lora", None)
     model_path = str(getattr(module, "model_path", ""))
     if lora is not None and lora.enabled and (Path(model_path) / "config.json").is_file():
-        from lit_agentrl.training.loading import empty_model
+        from lit_agentrl.models.skeleton import empty_model
         from lit_agentrl.training.lora import target_module_names
 
         target_module_names(empty_model(model_path), lora)

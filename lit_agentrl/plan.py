@@ -136,7 +136,7 @@ def lora_parameters(model_path: str, lora: Any) -> int:
     """The adapters' parameters: r (in + out) per targeted linear layer, the targets found in the model built on the
     meta device as training finds them (:func:`~lit_agentrl.training.lora.target_module_names`, which refuses bad
     ones naming ``model.lora.target_modules``)."""
-    from lit_agentrl.training.loading import empty_model
+    from lit_agentrl.models.skeleton import empty_model
     from lit_agentrl.training.lora import target_module_names
 
     model = empty_model(model_path)

@@ -291,7 +291,7 @@ class EngineWrapper(RolloutEngine):
 def expected_weight_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
     """State-dict names and shapes of the model at ``model_path`` as the policy builds it (a causal LM, or a
     vision-language model with its vision tower), on the meta device (no memory)."""
-    from lit_agentrl.training.loading import empty_model
+    from lit_agentrl.models.skeleton import empty_model
 
     return {name: tuple(t.shape) for name, t in empty_model(model_path).state_dict().items()}
 

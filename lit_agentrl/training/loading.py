@@ -14,34 +14,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
+from transformers import PreTrainedModel
 
 from lit_agentrl.models.dtypes import torch_dtype
-from lit_agentrl.models.processors import is_vision_language
-
-
-def _auto_class(path: str) -> Any:
-    """``AutoModelForImageTextToText`` for a vision-language model (its vision tower is trained and synced too),
-    else ``AutoModelForCausalLM``."""
-    return AutoModelForImageTextToText if is_vision_language(path) else AutoModelForCausalLM
+from lit_agentrl.models.skeleton import model_class
 
 
 def load_pretrained(path: str) -> PreTrainedModel:
     """The whole model at ``path`` in fp32 on CPU; ``ValueError`` naming the path when there is none."""
     try:
-        return _auto_class(path).from_pretrained(path, dtype=torch.float32)
+        return model_class(path).from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as exc:
         raise ValueError(f"model.model_path={path!r}: no loadable causal LM there ({exc})") from exc
-
-
-def empty_model(path: str) -> PreTrainedModel:
-    """The model at ``path`` built from its config on the meta device: shapes only, no memory, no weights read."""
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"model.model_path={path!r}: no loadable causal LM there ({exc})") from exc
-    with torch.device("meta"):
-        return _auto_class(path).from_config(config, dtype=torch.float32)
 
 
 def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:

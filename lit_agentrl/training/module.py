@@ -30,6 +30,7 @@ from lit_agentrl.config.training import Compute, Correction, Lora, Loss, Optimiz
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.lora_names import is_adapter
 from lit_agentrl.models.processors import vision_settings
+from lit_agentrl.models.skeleton import empty_model
 from lit_agentrl.training.batching import (
     MicroBatch,
     TrainingSample,
@@ -39,7 +40,7 @@ from lit_agentrl.training.batching import (
     split_mini_batches,
 )
 from lit_agentrl.training.evaluation import EvalResult, PassAtK
-from lit_agentrl.training.loading import empty_model, fully_shard_layers, load_pretrained, materialize_sharded
+from lit_agentrl.training.loading import fully_shard_layers, load_pretrained, materialize_sharded
 from lit_agentrl.training.logprobs import check_chunked_head, model_token_logprobs
 from lit_agentrl.training.lora import adapters_disabled, add_adapters
 from lit_agentrl.training.losses import LossScale, TokenLogProbs
