@@ -27,10 +27,10 @@ ROOT_SUSPECTS = ("lightning_logs", "wandb", "gpu_checks.json", "table.json", "co
 
 
 def load_script():
+    """The script as a module, loaded by path: it puts scripts/ on sys.path itself for its gpu_* siblings."""
     spec = importlib.util.spec_from_file_location("gpu_checks", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_checks"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
