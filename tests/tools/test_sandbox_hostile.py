@@ -1004,3 +1004,18 @@ def test_the_output_reaches_the_model_unchanged_and_is_shown_inert(every_mode):
     result = every_mode.run(f"import sys\nprint({SHOWN!r})\nsys.stderr.write({SHOWN!r})")
     assert result.stdout == SHOWN + "\n" and result.stderr == SHOWN and result.as_tool_text() == SHOWN
     assert not set(inert(result.as_tool_text())) & INERT_CHARACTERS
+
+
+def test_mountinfo_lists_the_runs_own_mounts_only(every_mode, canaries):
+    """``/proc/self/mountinfo`` shows each of the run's mounts with its path on the host (the same as inside) and
+    the host's device and options, and nothing of the host's other mounts: not the project, not the canaries'
+    folder, not the trainer's mount point under /tmp. (What holds and what does not: docs/sandbox.md.)"""
+    result = every_mode.run("print(open('/proc/self/mountinfo').read())")
+    if every_mode._guard:  # the audit hook refuses reading it at all
+        assert "PermissionError: sandbox: reading '/proc/" in result.error, result
+        return
+    text = result.stdout
+    mounts = [line.split()[4] for line in text.splitlines() if line.strip()]
+    assert "/proc" in mounts and "/home/sandbox" in mounts, text
+    for host_path in (str(REPO), os.path.dirname(canaries["SECRET"]), boundary.mount_point(), "/etc/hostname"):
+        assert host_path not in text, (host_path, text)
