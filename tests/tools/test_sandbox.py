@@ -429,3 +429,15 @@ def test_a_weak_run_reports_the_codes_own_status_and_reaps_what_it_forked(monkey
     code += "    os._exit(0)\nos.wait()\nprint('parent done')"
     assert weak.run(code).stdout == "parent done\n"
     assert no_sandbox_processes_within(5) and set(_zombie_children()) <= before
+
+
+def test_a_boundary_that_cannot_be_built_is_a_sandbox_error_naming_why(sandbox, monkeypatch):
+    layout = boundary.interpreter_layout(sandbox.python, sandbox.site_packages)
+    missing = f"/nonexistent-{uuid.uuid4().hex}"
+    monkeypatch.setattr(runner, "interpreter_layout", lambda *_: boundary.RunMounts((*layout.binds, missing), ()))
+    result = sandbox.run("print(1)")
+    assert (
+        result.error.startswith("SandboxError: the boundary did not start the run (exit status ")
+        and result.stdout == ""
+    )
+    assert missing in result.error  # the launcher's own message (mount's or bubblewrap's)

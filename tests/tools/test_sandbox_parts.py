@@ -31,6 +31,7 @@ from lit_agentrl.tools.sandbox import (
 )
 from lit_agentrl.tools.sandbox.processes import UID_SPAN, remove_tree, uid_base
 from lit_agentrl.tools.sandbox.results import FLOOD_FACTOR, OutputCapture, failure, result_from_exit
+from lit_agentrl.tools.sandbox.verdict import Verdict, parse_verdict
 
 # ----------------------------------------------------------------------------------- limits and results
 
@@ -548,3 +549,34 @@ def test_cgroups_are_made_with_their_limits_and_removed(tmp_path, monkeypatch, v
             item.unlink()
     group.remove()
     assert not any(folder.exists() for folder in group.dirs)
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+
+
+def test_the_verdict_records_are_read_in_order_and_nothing_else_counts():
+    assert parse_verdict(b'{"setup": "ok"}\n{"exit": 152}\n') == Verdict(started=True, status=152)
+    assert parse_verdict(b'{"setup": "ok"}\n{"signal": 24}\n') == Verdict(started=True, status=-24)
+    failed = parse_verdict(b'{"setup": "failed", "error": "could not set RLIMIT_AS"}\n{"exit": 113}\n')
+    assert failed == Verdict(started=False, setup_error="could not set RLIMIT_AS", status=113)
+    assert parse_verdict(b'{"setup": "ok"}\n[1]\nnot json\n{"exit": 1') == Verdict(started=True)  # cut by a kill
+    assert parse_verdict(b"") == Verdict(started=False)
+
+
+@pytest.mark.parametrize(
+    ("bwrap", "verdict", "returncode", "killed", "expected"),
+    [
+        (True, Verdict(started=True, status=152), 152, False, (152, None)),
+        (True, Verdict(started=True, status=-24), 152, False, (-24, None)),
+        (True, Verdict(started=False, setup_error="no filter", status=113), 113, False, (113, "no filter")),
+        (True, Verdict(started=False), 1, False, (1, "the boundary did not start the run")),
+        (True, Verdict(started=False), 137, True, (137, None)),  # killed (timeout, flood, memory) before it started
+        (True, Verdict(started=True), 137, False, (-9, "the run ended without its supervisor's report")),
+        (True, Verdict(started=True), 137, True, (-9, None)),
+        (False, Verdict(started=True), -24, False, (-24, None)),  # no bubblewrap: the kernel's own wait status
+        (False, Verdict(started=True), 152, False, (152, None)),
+    ],
+)
+def test_only_the_verdict_and_the_kernel_decide_the_outcome(bwrap, verdict, returncode, killed, expected):
+    run = runner._Run(argv=[], cwd="/", env={}, token="t", bwrap=bwrap)
+    assert runner._outcome(run, verdict, returncode, killed) == expected
