@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lit_agentrl.models.dtypes import dtype_bytes
+
 GB = 10**9
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SGLANG_DEFAULT_MEM_FRACTION = 0.88  # what SGLang picks on large (80 GB-class) GPUs when none is given
 COLOCATED_ENGINES = ("sglang",)
 
@@ -162,7 +163,7 @@ def layer_activation_bytes_per_token(x: PlanInputs) -> int:
     * sdpa's output and its log-sum-exp: b q d + 4 q; the transposed contiguous copy ``o_proj`` saves: b q d;
     * SwiGLU MLP: gate, silu(gate), up, and their product: 4 b i.
     """
-    b = DTYPE_BYTES[x.param_dtype]
+    b = dtype_bytes(x.param_dtype)
     h, q, kv, d, i = x.hidden_size, x.num_heads, x.num_kv_heads, x.head_dim, x.intermediate_size
     kv_attn = q if x.sequence_packing else kv
     norms = 2 * (4 + 2 * b) * h
@@ -175,14 +176,14 @@ def layer_activation_bytes_per_token(x: PlanInputs) -> int:
 def outside_layers_activation_bytes_per_token(x: PlanInputs) -> int:
     """Saved outside the decoder layers, per token: the final norm and the head's input ((4 + 2b) h), RoPE's cos
     and sin (2 b d), the input ids (8)."""
-    b = DTYPE_BYTES[x.param_dtype]
+    b = dtype_bytes(x.param_dtype)
     return (4 + 2 * b) * x.hidden_size + 2 * b * x.head_dim + 8
 
 
 def plan_memory(x: PlanInputs) -> MemoryPlan:
     """The memory plan of one GPU (every rank holds the same)."""
     n, p = x.data_parallel_size, x.num_params
-    b = DTYPE_BYTES[x.param_dtype]
+    b = dtype_bytes(x.param_dtype)
     t, v = x.micro_batch_tokens, x.vocab_size
     reduce_copy = 4 if b < 4 else 0  # FSDP2 casts unsharded gradients to reduce_dtype=float32 to reduce-scatter
     # With LoRA the base is frozen in its own dtype (no gradients, no AdamW states), only the adapters (a) train in
@@ -192,7 +193,7 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     reference = x.kl_coef > 0 and not a
     f: dict[str, int] = {}
     if a:
-        f["parameters (frozen base, sharded)"] = DTYPE_BYTES[x.lora_base_dtype] * p // n
+        f["parameters (frozen base, sharded)"] = dtype_bytes(x.lora_base_dtype) * p // n
         f["adapters (fp32, sharded)"] = 4 * a // n
     else:
         f["parameters (fp32, sharded)"] = 4 * p // n
@@ -226,12 +227,12 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     fraction = x.mem_fraction_static if x.mem_fraction_static is not None else SGLANG_DEFAULT_MEM_FRACTION
     engine_total = int(fraction * x.gpu_memory) if engine_on_gpu else 0
     # SGLang's tensor parallelism splits its weights over the engine's GPUs (roughly evenly: norms are replicated).
-    engine_weights = p * DTYPE_BYTES[x.engine_dtype] // x.engine_tp_size if engine_on_gpu else 0
+    engine_weights = p * dtype_bytes(x.engine_dtype) // x.engine_tp_size if engine_on_gpu else 0
     f["SGLang weights"] = engine_weights
     f["SGLang KV cache"] = engine_total - engine_weights
     # Per GPU: tensor parallelism splits the KV heads (replicating them past one head per GPU).
     kv_split = min(x.engine_tp_size, x.num_kv_heads)
-    kv_per_token = 2 * x.num_layers * x.num_kv_heads * x.head_dim * DTYPE_BYTES[x.engine_dtype] // kv_split
+    kv_per_token = 2 * x.num_layers * x.num_kv_heads * x.head_dim * dtype_bytes(x.engine_dtype) // kv_split
     kv_tokens = max(0, f["SGLang KV cache"]) // kv_per_token if engine_on_gpu else 0
     # One engine serves a group of tp_size ranks (one rank when the node holds one).
     ranks_per_engine = x.engine_tp_size if x.ranks_per_node > 1 else 1
@@ -272,7 +273,7 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     # tensor (embedding or head) as gathered in fp32 and cast, beside the bucket not yet sent
     # (lit_agentrl.bridge.weights).
     offloaded = x.colocate and x.trainer_offloaded
-    engine_bytes = DTYPE_BYTES[x.engine_dtype]
+    engine_bytes = dtype_bytes(x.engine_dtype)
     adapter_push = bool(a) and x.lora_sync == "adapter"  # the adapters alone
     f["weight push per sync (engine dtype)"] = (a if adapter_push else p) * engine_bytes
     f["weight-sync bucket and its flattened copy"] = 2 * x.sync_bucket_mb * 2**20

@@ -90,7 +90,6 @@ class AgentPromptDataModule(L.LightningDataModule):
         self.max_prompt_length = max_prompt_length
         self.overlong_prompts = overlong_prompts
         self.tokenizer_path = tokenizer_path
-        self.num_skipped_overlong = 0
         self._train_loader: PromptBatchLoader | None = None
         self._val_loader: PromptBatchLoader | None = None
 
@@ -142,7 +141,6 @@ class AgentPromptDataModule(L.LightningDataModule):
         if self.overlong_prompts == "error":
             raise UserInputError(what, hint="raise data.max_prompt_length or set data.overlong_prompts: skip")
         rank_zero_info(f"AgentPromptDataModule: skipping them. {what}")
-        self.num_skipped_overlong += len(over)
         dropped = set(over)
         return [row for i, row in enumerate(rows) if i not in dropped]
 

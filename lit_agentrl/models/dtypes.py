@@ -12,3 +12,8 @@ def torch_dtype(name: str, where: str, allowed: tuple[str, ...] = tuple(TORCH_DT
     if name not in allowed:
         raise ValueError(f"{where} must be one of {list(allowed)}, got {name!r}")
     return TORCH_DTYPES[name]
+
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of the dtype called ``name`` (a config's ``float32``, ``bfloat16`` or ``float16``)."""
+    return TORCH_DTYPES[name].itemsize
