@@ -31,7 +31,7 @@ from lit_agentrl.tools.sandbox import (
 )
 from lit_agentrl.tools.sandbox.processes import UID_SPAN, remove_tree, uid_base
 from lit_agentrl.tools.sandbox.results import FLOOD_FACTOR, OutputCapture, failure, result_from_exit
-from lit_agentrl.tools.sandbox.verdict import Verdict, parse_verdict
+from lit_agentrl.tools.sandbox.verdict import Verdict, outcome, parse_verdict
 
 # ----------------------------------------------------------------------------------- limits and results
 
@@ -578,5 +578,4 @@ def test_the_verdict_records_are_read_in_order_and_nothing_else_counts():
     ],
 )
 def test_only_the_verdict_and_the_kernel_decide_the_outcome(bwrap, verdict, returncode, killed, expected):
-    run = runner._Run(argv=[], cwd="/", env={}, token="t", bwrap=bwrap)
-    assert runner._outcome(run, verdict, returncode, killed) == expected
+    assert outcome(verdict, returncode, bwrap=bwrap, killed=killed) == expected

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import select
 import signal
@@ -30,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["Orphans", "become_subreaper", "is_nested_init", "reap_run"]
+__all__ = ["Orphans", "become_subreaper", "is_nested_init", "pin_bwrap_init", "reap_run"]
 
 PR_SET_CHILD_SUBREAPER = 36
 _subreaper_lock = threading.Lock()
@@ -58,6 +59,20 @@ def is_nested_init(pid: int, parents: tuple[int, ...]) -> bool:
         return len(levels) > 1 and levels[-1] == "1" and int(fields["PPid"]) in parents
     except (OSError, KeyError, ValueError):
         return False
+
+
+def pin_bwrap_init(orphans: Orphans, info_fd: int, monitor: int) -> None:
+    """Pin the run's PID 1, whose pid bubblewrap's monitor wrote to ``--info-fd`` as the run started: it becomes
+    the trainer's child when the monitor dies first (the run was killed). Its number, read late, may since have
+    gone to another process, so it is pinned only while it is a namespace's init whose parent is ``monitor`` or
+    the trainer."""
+    try:
+        os.set_blocking(info_fd, False)
+        pid = json.loads(os.read(info_fd, 65536)).get("child-pid")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(pid, int) and pid > 0:
+        orphans.pin(pid, lambda p: is_nested_init(p, (monitor, os.getpid())))
 
 
 class Orphans:

@@ -19,7 +19,6 @@ import math
 import os
 import random
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from lit_agentrl.tools.sandbox.processes import (
     own_uid_base,
     remove_tree,
 )
-from lit_agentrl.tools.sandbox.reaping import Orphans, become_subreaper, is_nested_init, reap_run
+from lit_agentrl.tools.sandbox.reaping import Orphans, become_subreaper, pin_bwrap_init, reap_run
 from lit_agentrl.tools.sandbox.results import (
     FLOOD_FACTOR,
     OutputCapture,
@@ -51,7 +50,7 @@ from lit_agentrl.tools.sandbox.results import (
 )
 from lit_agentrl.tools.sandbox.stage import MARKER
 from lit_agentrl.tools.sandbox.syscalls import boundary_filter, exec_filter, seccomp_missing
-from lit_agentrl.tools.sandbox.verdict import Verdict, read_verdict
+from lit_agentrl.tools.sandbox.verdict import Verdict, outcome, read_verdict
 
 __all__ = ["CHILD_ENV", "GUARD_SOURCE", "LAUNCH", "STAGE_SOURCE", "TOKEN_PREFIX", "PythonSandbox", "SandboxUnavailable"]
 
@@ -111,7 +110,8 @@ class _Run:
     def release(self) -> None:
         """Close its descriptors, reap what it left to the trainer, remove its cgroup and its host folder (weak
         mode); never raises."""
-        self._pin_supervisor()
+        if self.info is not None and self.monitor is not None:  # bubblewrap's PID 1, if the trainer must reap it
+            pin_bwrap_init(self.orphans, self.info, self.monitor)
         for fd in [*self.fds, self.verdict, self.info]:
             if fd is not None:
                 with contextlib.suppress(OSError):
@@ -123,16 +123,6 @@ class _Run:
             self.cgroup.remove()
         if self.host_dir is not None:
             remove_tree(self.host_dir)
-
-    def _pin_supervisor(self) -> None:
-        """bubblewrap's monitor may die before the run's PID 1 (when the run is killed): the PID 1 then becomes
-        the trainer's child. It is pinned only while it is still a namespace's init whose parent is the monitor
-        or the trainer: its number, read late, may since have gone to another process."""
-        if self.info is None or self.monitor is None:
-            return
-        pid = _child_pid(self.info)
-        if pid is not None:
-            self.orphans.pin(pid, lambda p: is_nested_init(p, (self.monitor or -1, os.getpid())))
 
 
 class PythonSandbox:
@@ -395,7 +385,7 @@ class PythonSandbox:
             oom = run.cgroup is not None and run.cgroup.out_of_memory()
             killed = timed_out or flood.is_set() or oom
             verdict = Verdict(started=False) if run.verdict is None else read_verdict(run.verdict)
-            code, broken = _outcome(run, verdict, proc.returncode, killed)
+            code, broken = outcome(verdict, proc.returncode, bwrap=run.bwrap, killed=killed)
             if broken is not None:
                 broken += f" (exit status {proc.returncode})" + (f":\n{tail(err.text())}" if err.data.strip() else "")
             return result_from_exit(
@@ -471,31 +461,6 @@ def _joined(cgroup: RunCgroup | None, command: list[str]) -> list[str]:
         return command
     joins = "".join(f"echo $$ > {shlex.quote(path)}; " for path in cgroup.procs_files)
     return ["sh", "-c", f'set -e; {joins}exec "$@"', "sh", *command]
-
-
-def _outcome(run: _Run, verdict: Verdict, returncode: int | None, killed: bool) -> tuple[int | None, str | None]:
-    """The code's exit status (minus the signal that killed it), and the sandbox's own failure if there was one.
-    Only the verdict (:mod:`.verdict`) and the kernel's wait status of the trainer's own child are believed; a
-    run the parent killed (or the memory limit did) may end before either speaks."""
-    if verdict.setup_error is not None:
-        return returncode, verdict.setup_error
-    if not verdict.started:
-        return returncode, None if killed else "the boundary did not start the run"
-    if not run.bwrap:
-        return returncode, None  # the code's interpreter was the trainer's own child
-    if verdict.status is not None:
-        return verdict.status, None
-    return -signal.SIGKILL, None if killed else "the run ended without its supervisor's report"
-
-
-def _child_pid(fd: int) -> int | None:
-    """The ``child-pid`` bubblewrap wrote to ``--info-fd`` (its monitor writes it as the run starts)."""
-    try:
-        os.set_blocking(fd, False)
-        value = json.loads(os.read(fd, 65536)).get("child-pid")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 0 else None
 
 
 def _discard(future: asyncio.Future[Any]) -> None:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 from dataclasses import dataclass
 
-__all__ = ["MAX_VERDICT_BYTES", "Verdict", "parse_verdict", "read_verdict"]
+__all__ = ["MAX_VERDICT_BYTES", "Verdict", "outcome", "parse_verdict", "read_verdict"]
 
 MAX_VERDICT_BYTES = 65536
 """More than the stage and the supervisor ever write; anything past it is not read."""
@@ -71,3 +72,19 @@ def read_verdict(fd: int) -> Verdict:
             chunks.append(chunk)
             size += len(chunk)
     return parse_verdict(b"".join(chunks))
+
+
+def outcome(verdict: Verdict, returncode: int | None, *, bwrap: bool, killed: bool) -> tuple[int | None, str | None]:
+    """The code's exit status (minus the signal that killed it), and the sandbox's own failure if there was one.
+    Only the verdict and the kernel's wait status of the trainer's own child (the launcher's ``returncode``; the
+    code's interpreter itself without bubblewrap) are believed; a run the parent killed (``killed``: a timeout, a
+    flood, the memory limit) may end before either speaks."""
+    if verdict.setup_error is not None:
+        return returncode, verdict.setup_error
+    if not verdict.started:
+        return returncode, None if killed else "the boundary did not start the run"
+    if not bwrap:
+        return returncode, None  # the code's interpreter was the trainer's own child
+    if verdict.status is not None:
+        return verdict.status, None
+    return -signal.SIGKILL, None if killed else "the run ended without its supervisor's report"
