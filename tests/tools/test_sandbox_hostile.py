@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import errno
 import glob
 import os
 import resource
@@ -1019,3 +1020,15 @@ def test_mountinfo_lists_the_runs_own_mounts_only(every_mode, canaries):
     assert "/proc" in mounts and "/home/sandbox" in mounts, text
     for host_path in (str(REPO), os.path.dirname(canaries["SECRET"]), boundary.mount_point(), "/etc/hostname"):
         assert host_path not in text, (host_path, text)
+
+
+def test_inotify_on_the_shared_files_is_refused(every_mode):
+    """A watch on the read-only files runs share with the host would show when others use them: refused by the
+    seccomp filter (through ctypes, where ctypes can be imported at all)."""
+    code = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nfd = libc.inotify_init1(0)\n"
+    code += "print('inotify', fd, ctypes.get_errno())"
+    result = every_mode.run(code)
+    if every_mode._guard and not every_mode.site_packages:  # the hook refuses importing ctypes
+        assert "sandbox: importing ctypes is not allowed" in result.error, result
+    else:
+        assert result.stdout == f"inotify -1 {errno.EPERM}\n", result
