@@ -160,8 +160,8 @@ class PythonSandbox:
         self.python = python
         self.site_packages = site_packages
         self.allow_weak_sandbox = allow_weak_sandbox
-        self._guard = True
-        become_subreaper()  # what a run leaves behind is the trainer's to reap, even as PID 1 (.reaping)  # tests switch the audit hook off to check the kernel-enforced layers alone
+        self._guard = True  # tests switch the audit hook off to check the kernel-enforced layers alone
+        become_subreaper()  # what a run leaves behind is the trainer's to reap, even as PID 1 (.reaping)
         missing = self.isolation["missing"]
         if missing and not allow_weak_sandbox:
             raise SandboxUnavailable(
