@@ -2,8 +2,8 @@
 
 Two filters:
 
-* :func:`boundary_filter`, loaded by bubblewrap (for the interpreter and for its own PID 1) just before it starts
-  the interpreter: an allow-list (:mod:`.allowed`, measured). What is not on it is refused with ``ENOSYS``, as by
+* :func:`boundary_filter`, loaded by bubblewrap just before it starts the interpreter (the run's PID 1, the
+  supervisor, whose fork runs the code): an allow-list (:mod:`.allowed`, measured). What is not on it is refused with ``ENOSYS``, as by
   a kernel without the call, so libraries take their fallbacks; that default covers every number, those this
   libseccomp has no name for included. The calls of :data:`DENIED` get ``EPERM`` (clearer to the code). Calls
   allowed for some arguments only, compared at the width the kernel reads (an ``int`` argument on its low 32
