@@ -22,7 +22,7 @@ ENGINES: Registry[type[RolloutEngine]] = Registry(
         "transformers": "lit_agentrl.engines.hf",
         "transformers_process": "lit_agentrl.engines.process",
         "sglang": "lit_agentrl.engines.sglang",
-        "sglang_http": "lit_agentrl.engines.sglang",
+        "sglang_http": "lit_agentrl.engines.sglang_http",
     },
     error=UserInputError,
     unknown="unknown rollout engine {name!r}; registered engines: {names}. To add one, subclass "

@@ -4,7 +4,7 @@ An engine of tensor-parallel size k takes k consecutive GPUs, which k consecutiv
 :mod:`lit_agentrl.engines.placement`). The group's first rank starts it as an SGLang HTTP server on those GPUs
 (``python -m sglang.launch_server --tp-size k --base-gpu-id <first> --port <port>``; SGLang starts its own
 tensor-parallel workers), and every rank of the group, the first included, reaches it through
-:class:`~lit_agentrl.engines.sglang.SGLangHTTPEngine`: each sends its own prompts, the first alone pushes weights
+:class:`~lit_agentrl.engines.sglang_http.SGLangHTTPEngine`: each sends its own prompts, the first alone pushes weights
 and releases and resumes memory (``owner``), and the callback's barriers keep the others from generating while
 it does.
 

@@ -176,7 +176,8 @@ def test_sglang_on_cpu_or_outside_a_trainer_is_not_placed(tiny_model_dir):
 def test_each_ranks_engine_gets_a_rendezvous_port_and_a_sampling_seed_of_its_own(tiny_model_dir, monkeypatch):
     """SGLang alone draws its scheduler's rendezvous port from Python's global ``random``, seeded alike on every rank
     (tests/engines/test_sglang_ranks.py shows the collision with real engines); each rank's engine gets its own."""
-    monkeypatch.setattr("lit_agentrl.engines.sglang._port_is_free", lambda port: port != 30103)  # one port taken
+    taken = 30103  # one port in use
+    monkeypatch.setattr("lit_agentrl.engines.sglang_placement._port_is_free", lambda port: port != taken)
     started = []
     for plan in node(tp_size=1):
         LAUNCHED.clear()
@@ -189,7 +190,7 @@ def test_each_ranks_engine_gets_a_rendezvous_port_and_a_sampling_seed_of_its_own
 
 
 def test_an_explicit_base_gpu_id_is_kept_and_logged(tiny_model_dir, caplog):
-    with caplog.at_level(logging.INFO, logger="lit_agentrl.engines.sglang"):
+    with caplog.at_level(logging.INFO, logger="lit_agentrl.engines.sglang_placement"):
         server_args = launch(tiny_model_dir, EnginePlacement(3, 3, 8, 8), device="cuda", base_gpu_id=6)
     assert server_args["base_gpu_id"] == 6
     assert "engine.kwargs.base_gpu_id=6 is kept (the placement would be GPU 3)" in caplog.text

@@ -32,7 +32,7 @@ pytest.importorskip("PIL")
 from langchain_core.messages import HumanMessage
 from PIL import Image
 
-from lit_agentrl.engines.sglang import _as_pair
+from lit_agentrl.engines.sglang_base import as_pair
 from lit_agentrl.models.tiny_vl import IMAGE_PAD, TinyVLConfig, save_tiny_vl_model
 
 pytestmark = pytest.mark.sglang
@@ -295,7 +295,7 @@ def test_sglang_skips_the_nested_names_it_does_not_know(vl_engine, processor, vl
     params = dict(vl_model.named_parameters())
     vl_engine.begin_weight_update()
     try:
-        ok, message = _as_pair(vl_engine._push([(name, params[name].detach() * 3.0) for name in names], None, False))
+        ok, message = as_pair(vl_engine._push([(name, params[name].detach() * 3.0) for name in names], None, False))
     finally:
         vl_engine.end_weight_update()
     assert ok, message
