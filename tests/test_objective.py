@@ -61,11 +61,14 @@ def test_sequence_aggregation_divides_by_the_mini_batch_sequence_count():
     assert loss_scale(SAMPLES) == LossScale(tokens=4.0, sequences=2.0)
 
 
-def test_a_new_aggregation_is_one_function_and_one_config_value(monkeypatch):
+def test_a_new_aggregation_is_one_function_and_its_name(monkeypatch):
+    from lit_agentrl.config import choices
+
     def token_sum(values, mask, scale, sequence_index):
         return (values * mask).sum()
 
     monkeypatch.setitem(losses.AGGREGATIONS, "token-sum", token_sum)
+    monkeypatch.setattr(choices, "AGGREGATIONS", (*choices.AGGREGATIONS, "token-sum"))
     loss, _ = loss_of(Loss(aggregation="token-sum"))
     assert loss == pytest.approx(-2.0)
 

@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from lit_agentrl.config import choices
 from lit_agentrl.config.choices import (
     ADVANTAGE_STDS,
-    AGGREGATIONS,
     CORRECTIONS,
     LEVELS,
     MIS_WEIGHTS,
@@ -135,7 +135,7 @@ class Loss:
                 ),
                 (self.kl_coef >= 0, f"model.loss.kl_coef must be >= 0, got {self.kl_coef}"),
                 (self.entropy_coef >= 0, f"model.loss.entropy_coef must be >= 0, got {self.entropy_coef}"),
-                _one_of("model.loss.aggregation", self.aggregation, AGGREGATIONS),
+                _one_of("model.loss.aggregation", self.aggregation, choices.AGGREGATIONS),  # read late: extendable
                 (
                     self.aggregation != "seq-mean-token-sum-norm" or (self.norm_length or 0) > 0,
                     "model.loss.aggregation seq-mean-token-sum-norm divides by a constant length: set "

@@ -130,7 +130,8 @@ AGGREGATIONS: dict[str, Aggregation] = {  # keyed by config.choices.AGGREGATIONS
     "seq-mean-token-sum": seq_mean_token_sum,
     "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
 }
-"""``model.loss.aggregation`` names -> functions: a new aggregation is one function and one entry here."""
+"""``model.loss.aggregation`` names -> functions: a new aggregation is one function, its entry here and its name in
+``lit_agentrl.config.choices.AGGREGATIONS``."""
 
 
 def aggregate(
