@@ -131,7 +131,9 @@ def test_a_repeated_rollout_samples_the_same_tokens(tiny_model_dir):
     from lit_agentrl.engines.admission import AdmissionGate
     from lit_agentrl.engines.sglang import SGLangEngine
 
-    engine = SGLangEngine(str(tiny_model_dir), enable_deterministic_inference=True, dtype="float32")
+    engine = SGLangEngine(
+        str(tiny_model_dir), enable_deterministic_inference=True, dtype="bfloat16", mem_fraction_static=0.3
+    )
     params = {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True}
 
     async def rollout(seed: int) -> list[list[int]]:
