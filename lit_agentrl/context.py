@@ -8,6 +8,7 @@ the rollout's sampling parameters (a chat model called without its own uses them
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,8 +34,8 @@ class TrajectoryContext:
     """One trajectory's context (see the module's docstring)."""
 
     tag: TrajectoryTag | None = None
-    sampling_params: dict[str, Any] | None = None
-    """The rollout's sampling parameters, SGLang's dict."""
+    sampling_params: Mapping[str, Any] | None = None
+    """The rollout's sampling parameters (``engines.sampling.SamplingParams``, which reads as SGLang's dict)."""
     faults: list[str] = field(default_factory=list)
     """Faults reported in the trajectory: each fails it once its agent returns, whatever the agent caught."""
 

@@ -74,7 +74,7 @@ class ScriptedEngine(RolloutEngine):
         self.calls: list[list[int]] = []
 
     async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False, **kwargs):
-        params = SamplingParams.from_dict(sampling_params)
+        params = SamplingParams.of(sampling_params)
         self.calls.append(list(input_ids))
         reply = self.replies.pop(0)
         ids = reply if isinstance(reply, list) else self.tokenizer.encode(reply, add_special_tokens=False)

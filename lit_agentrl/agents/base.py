@@ -150,7 +150,7 @@ class AgentGraph(ABC):
         self.chatmodel = self.make_chat_model()
 
     @abstractmethod
-    async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:
+    async def run(self, messages: Sequence[Any], sampling_params: Mapping[str, Any], **kwargs: Any) -> AgentGraphOutput:
         """Produce one trajectory for one dataset row."""
 
     @classmethod

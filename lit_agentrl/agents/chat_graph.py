@@ -8,7 +8,7 @@ in ``config["configurable"]`` (the keys the seed's graphs read).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.messages import AIMessage, BaseMessage
@@ -60,7 +60,7 @@ class ChatAgentGraph(AgentGraph):
         return {"messages": [await self.chatmodel.ainvoke(state["messages"], sampling_params=params)]}
 
     async def invoke_graph(
-        self, messages: Sequence[Any], sampling_params: dict[str, Any], **configurable: Any
+        self, messages: Sequence[Any], sampling_params: Mapping[str, Any], **configurable: Any
     ) -> dict[str, Any]:
         """Run ``self.graph`` on ``messages``; the nodes find ``sampling_params``, ``chat_model`` (``self.chatmodel``)
         and ``configurable`` in ``config["configurable"]``. Returns the final state (``{"messages": [...]}``)."""

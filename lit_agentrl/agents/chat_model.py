@@ -10,7 +10,7 @@ engine produced, never re-tokenized from text, and ``response_metadata`` carries
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -36,6 +36,7 @@ from lit_agentrl.agents.multimodal import (
 from lit_agentrl.agents.tool_parser import parse_tool_calls
 from lit_agentrl.context import current_trajectory
 from lit_agentrl.engines.base import output_logprobs
+from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.models.processors import image_token_id
 
 _PROMPT_CACHE_SIZE = 4096
@@ -149,30 +150,33 @@ class ChatModel(BaseChatModel):
         logprobs: list[float],
         prompt_length: int,
         tools: list[dict] | None,
-        sampling_params: dict[str, Any],
+        sampling_params: Mapping[str, Any],
         vision: VisionInputs | None = None,
     ) -> AIMessage:
         """One model turn after ``token_ids`` (the conversation so far, encoded): the engine's tokens, parsed into
         an ``AIMessage`` whose ``response_metadata`` extends the given lists (also used by the OpenAI gateway)."""
         images = {"image_data": vision.images} if vision is not None and vision.images else {}  # SGLang's name
         output = await self.llm.async_generate(
-            input_ids=token_ids, sampling_params=dict(sampling_params), return_logprob=True, **images
+            input_ids=token_ids, sampling_params=sampling_params, return_logprob=True, **images
         )
         return self._to_message(output, token_ids, loss_mask, logprobs, prompt_length, tools, vision)
 
     @staticmethod
-    def _sampling_params(kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The call's ``sampling_params``, else the run's: never the engine's defaults, which would sample at
-        another temperature or length than the trainer assumes."""
-        params = kwargs.get("sampling_params")
-        if params is None and (trajectory := current_trajectory()) is not None:
-            params = trajectory.sampling_params
-        if params is None:
+    def _sampling_params(kwargs: dict[str, Any]) -> SamplingParams:
+        """The run's sampling parameters with the call's allowed changes (``SamplingParams.for_call``: a lower
+        ``max_new_tokens``, more stop strings or token ids), else the call's outside a rollout: never the engine's
+        defaults, which would sample at another temperature or length than the trainer assumes."""
+        call = kwargs.get("sampling_params")
+        trajectory = current_trajectory()
+        run = trajectory.sampling_params if trajectory is not None else None
+        if run is not None:
+            return SamplingParams.of(run).for_call(call, "ChatModel")
+        if call is None:
             raise ValueError(
                 "ChatModel.ainvoke was called without sampling_params, outside a rollout that would supply them: pass "
                 "sampling_params=config['configurable']['sampling_params'] (the run's) from the graph's node"
             )
-        return dict(params)
+        return SamplingParams.of(call, where="ChatModel sampling_params")
 
     # ------------------------------------------------------------------ encoding
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from langchain_core.messages import HumanMessage
@@ -64,7 +64,7 @@ class EnvironmentAgent(AgentGraph):
     def build_graph(self) -> None:
         self.chatmodel = self.make_chat_model()
 
-    async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:
+    async def run(self, messages: Sequence[Any], sampling_params: Mapping[str, Any], **kwargs: Any) -> AgentGraphOutput:
         if not hasattr(self, "chatmodel"):
             self.build_graph()
         max_turns = int(cfg_get(self.cfg, "max_turns", 8))

@@ -16,7 +16,7 @@ model's own template must list the tools, and Qwen2.5-VL's does not, so the ship
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from langchain_core.tools import tool
@@ -42,6 +42,10 @@ class Geo3kAgentGraph(MathEvalAgentGraph):
     tools: ClassVar[list[Any]] = [calc_geo3k_reward]
 
     async def run(
-        self, messages: Sequence[Any], sampling_params: dict[str, Any], images: list[Any] | None = None, **kwargs: Any
+        self,
+        messages: Sequence[Any],
+        sampling_params: Mapping[str, Any],
+        images: list[Any] | None = None,
+        **kwargs: Any,
     ) -> AgentGraphOutput:
         return await super().run(attach_images(messages, images), sampling_params, **kwargs)

@@ -130,7 +130,7 @@ class GuessDigitAgentGraph(AgentGraph):
         return [problem] if problem else []
 
     async def run(
-        self, messages: Sequence[Any], sampling_params: dict[str, Any], secret: Any = None, **kwargs: Any
+        self, messages: Sequence[Any], sampling_params: Mapping[str, Any], secret: Any = None, **kwargs: Any
     ) -> AgentGraphOutput:
         problem = _secret_problem(secret)
         if problem:

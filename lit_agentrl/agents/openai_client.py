@@ -18,7 +18,7 @@ The tokens trained are the tokens the engine sampled: the gateway records them c
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -59,7 +59,7 @@ class OpenAIClientAgent(AgentGraph):
     def build_graph(self) -> None:
         self.chatmodel = self.make_chat_model()
 
-    async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:
+    async def run(self, messages: Sequence[Any], sampling_params: Mapping[str, Any], **kwargs: Any) -> AgentGraphOutput:
         import openai
 
         from lit_agentrl.gateway import gateway_for

@@ -5,7 +5,7 @@ Agent YAML keys (all optional): ``system_prompt``, prepended when the row's prom
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langgraph.graph import END
@@ -27,7 +27,7 @@ class SingleTurnAgentGraph(ChatAgentGraph):
         self.graph = workflow.compile()
         return self.graph
 
-    async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:
+    async def run(self, messages: Sequence[Any], sampling_params: Mapping[str, Any], **kwargs: Any) -> AgentGraphOutput:
         messages = list(messages)
         system_prompt = cfg_get(self.cfg, "system_prompt", None)
         if system_prompt and not (messages and _role(messages[0]) == "system"):

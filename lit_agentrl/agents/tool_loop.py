@@ -72,7 +72,7 @@ class ToolLoopAgentGraph(ChatAgentGraph):
         model: by default the row's ``ground_truth`` (as the seed's graphs pass it)."""
         return {"ground_truth": kwargs.get("ground_truth")}
 
-    async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:
+    async def run(self, messages: Sequence[Any], sampling_params: Mapping[str, Any], **kwargs: Any) -> AgentGraphOutput:
         state = await self.invoke_graph(messages, sampling_params, **self.run_config(kwargs))
         output = self.convert_agent_graph_output(state)
         kept = state["messages"][: find_last_ai_index(state["messages"]) + 1]

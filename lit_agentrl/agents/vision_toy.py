@@ -86,7 +86,7 @@ class ColourNameAgentGraph(ChatAgentGraph):
         self.graph = workflow.compile()
         return self.graph
 
-    async def run(self, messages: Sequence[Any], sampling_params: dict[str, Any], **kwargs: Any) -> AgentGraphOutput:
+    async def run(self, messages: Sequence[Any], sampling_params: Mapping[str, Any], **kwargs: Any) -> AgentGraphOutput:
         colour, seed = str(kwargs["colour"]), int(kwargs["seed"])
         image = draw_square(colour, seed, int(cfg_get(self.cfg, "image_size", 56)))
         prompt = attach_images(messages, [image])  # before the question's text

@@ -72,9 +72,9 @@ class RolloutCallback(Callback):
         self.settings = RolloutSettings(
             engine=EngineSettings(name=engine) if isinstance(engine, str) else engine,
             n_samples=n_samples,
-            sampling=SamplingParams.from_dict(sampling_params, where="RolloutCallback.sampling_params"),
+            sampling=SamplingParams.of(sampling_params, where="RolloutCallback.sampling_params"),
             val_n_samples=val_n_samples,
-            val_sampling=SamplingParams.from_dict(val_sampling_params, where="RolloutCallback.val_sampling_params"),
+            val_sampling=SamplingParams.of(val_sampling_params, where="RolloutCallback.val_sampling_params"),
             trajectory_timeout_s=trajectory_timeout_s,
             check_template_drift=check_template_drift,
             async_rollouts=async_rollouts,

@@ -22,7 +22,7 @@ import itertools
 import logging
 import random
 import threading
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -205,7 +205,7 @@ class TransformersEngine(RolloutEngine):
     async def async_generate(
         self,
         input_ids: list[int] | list[list[int]] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:
@@ -217,7 +217,7 @@ class TransformersEngine(RolloutEngine):
     def generate(
         self,
         input_ids: list[int] | list[list[int]] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:
@@ -229,7 +229,7 @@ class TransformersEngine(RolloutEngine):
     def submit_with_stream(
         self,
         input_ids: list[int],
-        sampling_params: dict[str, Any] | None,
+        sampling_params: Mapping[str, Any] | None,
         return_logprob: bool,
         image_data: Any,
         stream: Hashable,
@@ -350,7 +350,7 @@ class TransformersEngine(RolloutEngine):
     def _submit(
         self,
         input_ids: list[int] | list[list[int]] | None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
+        sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None,
         return_logprob: bool,
         extra: dict[str, Any],
         stream: Hashable | None = None,

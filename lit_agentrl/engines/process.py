@@ -27,7 +27,7 @@ import itertools
 import logging
 import threading
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
@@ -153,7 +153,7 @@ class ProcessEngine(RolloutEngine):
     async def async_generate(
         self,
         input_ids: list[int] | list[list[int]] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:
@@ -219,7 +219,7 @@ class ProcessEngine(RolloutEngine):
     def _submit(
         self,
         input_ids: list[int] | list[list[int]] | None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
+        sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None,
         return_logprob: bool,
         extra: dict[str, Any],
     ) -> tuple[list[concurrent.futures.Future], bool]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -24,18 +24,22 @@ from lit_agentrl.engines.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class PromptRequest:
-    """One prompt of a ``generate`` call, with its own sampling parameters (SGLang's dict, and parsed) and images."""
+    """One prompt of a ``generate`` call, with its own sampling parameters and images."""
 
     prompt: list[int]
-    sampling_params: dict[str, Any] | None
     params: SamplingParams
     image_data: Any = None
+
+    @property
+    def sampling_params(self) -> dict[str, Any]:
+        """Its parameters as SGLang's dict (the wire form an SGLang engine sends)."""
+        return self.params.to_request()
 
 
 def split_requests(
     engine: str,
     input_ids: list[int] | list[list[int]] | None,
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None,
+    sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None,
     extra: dict[str, Any],
     context_length: int | None = None,
 ) -> tuple[list[PromptRequest], bool]:
@@ -60,8 +64,7 @@ def split_requests(
         raise ValueError("async_generate: a prompt has no tokens")
     where = f"{engine}.async_generate sampling_params"
     requests = [
-        PromptRequest(list(p), dict(s) if s else None, SamplingParams.from_dict(s, where=where), i)
-        for p, s, i in zip(prompts, params, images)
+        PromptRequest(list(p), SamplingParams.of(s, where=where), i) for p, s, i in zip(prompts, params, images)
     ]
     return [fit_context(r, context_length) for r in requests], batched
 
@@ -76,7 +79,7 @@ def fit_context(request: PromptRequest, context_length: int | None) -> PromptReq
     length = len(request.prompt)
     if length >= context_length:
         raise PromptTooLongError(length, context_length)
-    asked = (request.sampling_params or {}).get("max_new_tokens")
+    asked = request.sampling_params.get("max_new_tokens")  # as SGLang would see it: set, or left to its default
     if asked is not None:
         if length + asked > context_length:
             raise PromptTooLongError(length, context_length, asked)
@@ -98,15 +101,16 @@ async def gathered(futures: list[concurrent.futures.Future]) -> list[Any]:
         raise
 
 
-def joined_requests(requests: list[PromptRequest], batched: bool) -> dict[str, Any]:
-    """The requests as one SGLang ``generate`` call's ``input_ids``, ``sampling_params`` and ``image_data``."""
+def joined_requests(requests: list[tuple[PromptRequest, dict[str, Any]]], batched: bool) -> dict[str, Any]:
+    """The requests, each with its wire ``sampling_params``, as one SGLang ``generate`` call's ``input_ids``,
+    ``sampling_params`` and ``image_data``."""
     if not batched:
-        (one,) = requests
-        return {"input_ids": one.prompt, "sampling_params": one.sampling_params or {}, "image_data": one.image_data}
-    images = [r.image_data for r in requests]
+        ((one, wire),) = requests
+        return {"input_ids": one.prompt, "sampling_params": wire, "image_data": one.image_data}
+    images = [r.image_data for r, _ in requests]
     return {
-        "input_ids": [r.prompt for r in requests],
-        "sampling_params": [r.sampling_params or {} for r in requests],
+        "input_ids": [r.prompt for r, _ in requests],
+        "sampling_params": [wire for _, wire in requests],
         "image_data": images if any(i is not None for i in images) else None,
     }
 

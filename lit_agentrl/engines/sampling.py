@@ -29,19 +29,23 @@ overlap it applies the penalties in the order of a set of classes (``sampling/sa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
 
 from lit_agentrl.errors import UserInputError
 
+log = logging.getLogger(__name__)
+
 MAX_STOP_COUNT = 32  # SGLang's limit on stop strings (sampling/sampling_params.py 44, checked at 339)
+_said: set[tuple[str, str]] = set()  # (caller, key) of the per-call overrides already warned about
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class SamplingParams(Mapping[str, Any]):
     """The subset of SGLang's ``sampling_params`` that a token-in/token-out rollout uses.
 
     Keys, defaults and valid ranges follow SGLang (``SamplingParams.verify``), so the same dict drives both
@@ -49,6 +53,10 @@ class SamplingParams:
     (0, 2] (1: off), ``stop``: a string or a list of at most 32 strings, which ends generation when the decoded
     output contains one (needs the model's tokenizer; SGLang engines run with ``skip_tokenizer_init`` and so
     cannot honour it, see ``check_without_tokenizer``).
+
+    Parsed once, from the YAML (:meth:`of`), it travels typed from the rollout to the engines; only an engine's
+    adapter writes SGLang's dict (:meth:`to_request`). It also reads as that dict (a ``Mapping``), for agents
+    written against SGLang's ``sampling_params`` (``params["max_new_tokens"]``, ``dict(params)``).
     """
 
     max_new_tokens: int = 128
@@ -66,8 +74,13 @@ class SamplingParams:
     sampling_seed: int | None = None
 
     @classmethod
-    def from_dict(cls, params: Mapping[str, Any] | None, *, where: str = "sampling_params") -> SamplingParams:
-        """Build from a dict, raising ``ValueError`` that names the bad key and the valid range."""
+    def of(cls, params: Mapping[str, Any] | None, *, where: str = "sampling_params") -> SamplingParams:
+        """``params`` as :class:`SamplingParams`: itself when it is one, else parsed from SGLang's dict (the one place a
+        dict becomes parameters), raising ``ValueError`` that names the bad key and the valid range."""
+        return params if isinstance(params, SamplingParams) else cls._from_dict(params, where)
+
+    @classmethod
+    def _from_dict(cls, params: Mapping[str, Any] | None, where: str) -> SamplingParams:
         params = dict(params or {})
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(params) - known)
@@ -83,6 +96,46 @@ class SamplingParams:
         sp = cls(**params)
         sp._check(where)
         return sp
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_request()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_request())
+
+    def __len__(self) -> int:
+        return len(self.to_request())
+
+    def __bool__(self) -> bool:  # a whole parameter set, even all defaults (whose dict is empty)
+        return True
+
+    def for_call(self, call: Mapping[str, Any] | None, caller: str) -> SamplingParams:
+        """The parameters of one model call of a rollout whose parameters these are, the one policy of ``ChatModel``
+        and the OpenAI gateway: a call may lower ``max_new_tokens`` and add ``stop`` strings or ``stop_token_ids``;
+        any other value it sets that differs from the rollout's is not used, and a warning names it (once per
+        ``caller`` and key), since the trainer computes each token's log-prob at the rollout's temperature and
+        filters."""
+        if call is None or call is self:
+            return self
+        parsed = SamplingParams.of(call, where=f"{caller}: sampling_params")
+        keys = parsed.to_request() if isinstance(call, SamplingParams) else call
+        changes: dict[str, Any] = {}
+        for key in keys:
+            asked, run = getattr(parsed, key), getattr(self, key)
+            if asked == run:
+                continue
+            if key == "max_new_tokens" and asked < run:
+                changes[key] = asked
+            elif key in ("stop", "stop_token_ids"):
+                changes[key] = tuple(dict.fromkeys((*run, *asked)))
+            elif (caller, key) not in _said:
+                _said.add((caller, key))
+                log.warning(
+                    "%s asked for %s=%r; the rollout's %s=%r is used (a call may only lower max_new_tokens and add "
+                    "stop strings or stop_token_ids: the trainer's log-probs assume the rollout's sampling). Said once.",
+                    caller, key, asked, key, run,
+                )  # fmt: skip
+        return replace(self, **changes) if changes else self
 
     def to_request(self) -> dict[str, Any]:
         """The ``sampling_params`` dict of a request: the keys whose values differ from SGLang's defaults (lists for

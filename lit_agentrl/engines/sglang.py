@@ -12,7 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -134,7 +134,7 @@ class SGLangEngine(SGLangBase):
     async def async_generate(
         self,
         input_ids: list[int] | list[list[int]] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:

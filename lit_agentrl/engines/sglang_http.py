@@ -176,7 +176,7 @@ class SGLangHTTPEngine(SGLangBase):
     async def async_generate(
         self,
         input_ids: list[int] | list[list[int]] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
         return_logprob: bool = False,
         **kwargs: Any,
     ) -> GenerateResult | list[GenerateResult]:

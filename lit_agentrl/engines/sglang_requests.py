@@ -21,7 +21,7 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Hashable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from lit_agentrl.context import current_tag
@@ -60,11 +60,11 @@ def sglang_call(
     samples = []
     for request in requests:
         request.params.check_without_tokenizer("sglang")
-        params = {key: value for key, value in (request.sampling_params or {}).items() if key != "n"}
+        params = {key: value for key, value in request.sampling_params.items() if key != "n"}  # the wire form
         for _ in range(request.params.n):
             stream, _ = streams.next(tag)
             own = params if params.get("sampling_seed") is not None else {**params, "sampling_seed": seed_of(stream)}
-            samples.append(replace(request, sampling_params=own))
+            samples.append((request, own))
     batched = batched or len(samples) > 1
     call = joined_requests(samples, batched)
     if call["image_data"] is None:

@@ -9,10 +9,10 @@ trajectory's context (its admission tag and sampling parameters), encodes the me
 ids and log-probs, and answers with the ``openai`` package's own response types (:mod:`.responses`; streamed as
 server-sent events when asked).
 
-Sampling follows the run's parameters, whatever the request says: the trainer computes log-probs at the run's
-temperature, so a request's ``temperature`` or ``top_p`` that differ are not used (a warning names them once);
-``max_tokens``/``max_completion_tokens`` may only lower the run's per-turn limit, and ``stop`` strings are
-honoured. ``n`` choices are sampled from the same context, each other than the first into a sample of its own;
+Sampling follows the run's parameters as ``ChatModel``'s calls do (``SamplingParams.for_call``): the trainer
+computes log-probs at the run's temperature, so a request's ``temperature`` or ``top_p`` that differ are not used (a
+warning names them once); ``max_tokens``/``max_completion_tokens`` may only lower the run's per-turn limit, and
+``stop`` strings are honoured. ``n`` choices are sampled from the same context, each other than the first into a sample of its own;
 ``tool_choice`` ``none`` answers in text, and a forced call the reply did not make is counted, never imposed.
 
 Faults: a request the gateway refuses (a bad field, a prompt longer than the engine's context) is a 4xx that leaves
@@ -33,7 +33,7 @@ from typing import Any
 
 from lit_agentrl.agents.chat_model import ChatModel
 from lit_agentrl.context import TrajectoryContext, enter_trajectory
-from lit_agentrl.engines import PromptTooLongError
+from lit_agentrl.engines import PromptTooLongError, SamplingParams
 from lit_agentrl.gateway.request import SERVED_MODEL, ChatRequest, GatewayError, parse_body, parse_request
 from lit_agentrl.gateway.responses import completion, error_response, reply_message, stream_events
 from lit_agentrl.gateway.session import GatewaySample, GatewaySession, PlannedCall
@@ -52,7 +52,7 @@ class Gateway:
         self.sessions: dict[str, GatewaySession] = {}
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
-        self._warned: set[str] = set()
+        self._warned: set[str] = set()  # what was said once (an unmet tool_choice)
         self._http_client: Any = None
         self._app = self.app()
 
@@ -233,7 +233,7 @@ class Gateway:
         return lambda sample, new: self.chat_model.encode_suffix(new, chat.tools, sample.output_ids)
 
     async def _generate(
-        self, call: PlannedCall, tools: list[dict[str, Any]] | None, params: dict[str, Any]
+        self, call: PlannedCall, tools: list[dict[str, Any]] | None, params: SamplingParams
     ) -> list[Any]:
         """Each choice's turn; the first failure cancels the others (the call then records nothing)."""
         if len(call.starts) == 1:  # no task to create for the usual call
@@ -243,7 +243,7 @@ class Gateway:
         return [task.result() for task in tasks]
 
     async def _turn(
-        self, sample: GatewaySample, suffix: list[int], tools: list[dict[str, Any]] | None, params: dict[str, Any]
+        self, sample: GatewaySample, suffix: list[int], tools: list[dict[str, Any]] | None, params: SamplingParams
     ) -> Any:
         """The model's next turn after ``sample``'s tokens and ``suffix`` (the call's new turns, encoded)."""
         return await self.chat_model.generate_turn(
@@ -255,27 +255,15 @@ class Gateway:
             params,
         )
 
-    def _sampling(self, session: GatewaySession, chat: ChatRequest) -> dict[str, Any]:
+    def _sampling(self, session: GatewaySession, chat: ChatRequest) -> SamplingParams:
+        """The run's parameters with what the call asks for (``SamplingParams.for_call``, ChatModel's policy too): a
+        lower ``max_tokens`` and ``stop`` strings are used; a ``temperature`` or ``top_p`` other than the run's is
+        not (the trainer's log-probs assume the run's), and a warning says so once."""
         run = session.context.sampling_params if session.context is not None else None
         if run is None:
             raise GatewayError(500, "the trajectory has no sampling parameters (not started by a rollout)")
-        params = dict(run)
-        for key, asked in chat.asked_sampling.items():
-            if asked != params.get(key, 1.0) and key not in self._warned:
-                self._warned.add(key)
-                log.warning(
-                    "gateway: the agent asked for %s=%s; the run's %s=%s is used (the trainer's log-probs assume "
-                    "it). Said once.",
-                    key,
-                    asked,
-                    key,
-                    params.get(key, 1.0),
-                )
-        if chat.max_tokens is not None:
-            params["max_new_tokens"] = min(chat.max_tokens, int(params.get("max_new_tokens", chat.max_tokens)))
-        if chat.stop:
-            params["stop"] = chat.stop
-        return params
+        asked = {"max_new_tokens": chat.max_tokens, "stop": chat.stop, **chat.asked_sampling}
+        return SamplingParams.of(run).for_call({k: v for k, v in asked.items() if v is not None}, "gateway")
 
     def _record(self, session: GatewaySession, sample: GatewaySample, turn: Any, tool_choice: Any) -> dict[str, Any]:
         """Keep the turn's tokens in ``sample``; the reply as an OpenAI assistant message."""

@@ -86,7 +86,6 @@ class RolloutLoop:
         self.collective = collective or SingleProcess()
         self.n_samples, self.sampling = n_samples, sampling
         self.val_n_samples, self.val_sampling = val_n_samples, val_sampling or SamplingParams()
-        self.sampling_params, self.val_sampling_params = sampling.to_request(), self.val_sampling.to_request()
         self.ahead = RolloutsAhead(schedule.ahead) if schedule is not None else None
         self.version = 0
         """Updates in the policy's weights: the weight version pushed into the engines (checkpointed)."""
@@ -131,7 +130,7 @@ class RolloutLoop:
         """A validation batch's rollout, attached to ``batch``."""
         self.seeds.reseed(self.manager.engines, step, f"val-{batch_idx}")
         seed = self.seeds.rollout(f"val-{step}", batch)
-        batch.rollout = self.manager.generate(batch.rows, self.val_n_samples, self.val_sampling_params, seed)
+        batch.rollout = self.manager.generate(batch.rows, self.val_n_samples, self.val_sampling, seed)
         return batch.rollout
 
     def step_trained(self) -> None:
@@ -161,11 +160,11 @@ class RolloutLoop:
     # ------------------------------------------------------------------ asynchronous schedule
 
     def _generate(self, rows: Any, seed: int) -> RolloutBatch:
-        return self.manager.generate(rows, self.n_samples, self.sampling_params, seed)
+        return self.manager.generate(rows, self.n_samples, self.sampling, seed)
 
     def _submit(self, batch: PromptBatch) -> Any:
         send = self.manager.submit_groups if self._carries else self.manager.submit
-        return send(batch.rows, self.n_samples, self.sampling_params, self.seeds.rollout("train", batch))
+        return send(batch.rows, self.n_samples, self.sampling, self.seeds.rollout("train", batch))
 
     @property
     def _carries(self) -> bool:
@@ -235,7 +234,7 @@ class RolloutLoop:
         source = loader.batch_at(state["epoch"], state["index"])
         rows = [source.rows[g] for g in groups[self.collective.rank]]
         seed = self.seeds.rollout("carried", source)
-        rollout = self.manager.submit_groups(rows, self.n_samples, self.sampling_params, seed)
+        rollout = self.manager.submit_groups(rows, self.n_samples, self.sampling, seed)
         self.carried = Carried(rollout, rows, list(range(len(rows))), batch_key(source))
 
     # ------------------------------------------------------------------ checkpoint

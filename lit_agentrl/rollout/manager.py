@@ -64,7 +64,7 @@ class RolloutManager:
     Example::
 
         manager = RolloutManager([engine], tokenizer, reward_fn="math")
-        batch = manager.generate(rows, n_samples=4, sampling_params={"max_new_tokens": 256})
+        batch = manager.generate(rows, n_samples=4, sampling_params=SamplingParams(max_new_tokens=256))
     """
 
     def __init__(
@@ -108,7 +108,7 @@ class RolloutManager:
         self,
         rows: Sequence[Mapping[str, Any]],
         n_samples: int,
-        sampling_params: Mapping[str, Any],
+        sampling_params: SamplingParams | Mapping[str, Any],
         seed: int | None = None,
     ) -> RolloutBatch:
         """Blocking :meth:`agenerate` on one event loop kept across calls: the background loop once
@@ -125,7 +125,7 @@ class RolloutManager:
         self,
         rows: Sequence[Mapping[str, Any]],
         n_samples: int,
-        sampling_params: Mapping[str, Any],
+        sampling_params: SamplingParams | Mapping[str, Any],
         seed: int | None = None,
     ) -> concurrent.futures.Future[RolloutBatch]:
         """Start :meth:`agenerate` on the manager's background thread and return at once (rollouts beside the
@@ -137,14 +137,14 @@ class RolloutManager:
         self,
         rows: Sequence[Mapping[str, Any]],
         n_samples: int,
-        sampling_params: Mapping[str, Any],
+        sampling_params: SamplingParams | Mapping[str, Any],
         seed: int | None = None,
     ) -> GroupedRollout:
         """:meth:`submit` with a future per row (its ``n_samples`` trajectories), so a step may take the groups that
         have finished and leave the rest running (``async_rollouts.ready_fraction``, :mod:`lit_agentrl.rollout.tail`)."""
-        gate, _ = self._checked_gate(len(rows), n_samples, sampling_params)
+        gate, params = self._checked_gate(len(rows), n_samples, sampling_params)
         background = self.start_background()
-        groups = [self._group(rows[g], g, n_samples, gate, sampling_params, seed) for g in range(len(rows))]
+        groups = [self._group(rows[g], g, n_samples, gate, params, seed) for g in range(len(rows))]
         return GroupedRollout([background.submit(group) for group in groups])
 
     def start_background(self) -> BackgroundLoop:
@@ -157,26 +157,26 @@ class RolloutManager:
         self,
         rows: Sequence[Mapping[str, Any]],
         n_samples: int,
-        sampling_params: Mapping[str, Any],
+        sampling_params: SamplingParams | Mapping[str, Any],
         seed: int | None = None,
     ) -> RolloutBatch:
         """``n_samples`` trajectories per row, row-major, with their statistics. ``seed`` seeds the rollout's
         sampling streams (with each trajectory's key) on engines that take it, whatever else runs beside it."""
         gate, params = self._checked_gate(len(rows), n_samples, sampling_params)
         start, rewards_before = time.perf_counter(), self.reward_seconds
-        groups = [self._group(rows[g], g, n_samples, gate, sampling_params, seed) for g in range(len(rows))]
+        groups = [self._group(rows[g], g, n_samples, gate, params, seed) for g in range(len(rows))]
         trajectories = [t for group in await asyncio.gather(*groups) for t in group]
         stats = summarize(trajectories, time.perf_counter() - start)
         stats.reward_seconds = self.reward_seconds - rewards_before  # with rollouts beside it, theirs too
         return RolloutBatch(trajectories, stats, params.temperature)
 
     def _checked_gate(
-        self, num_rows: int, n_samples: int, sampling_params: Mapping[str, Any]
+        self, num_rows: int, n_samples: int, sampling_params: SamplingParams | Mapping[str, Any]
     ) -> tuple[AdmissionGate, SamplingParams]:
         """The rollout's admission gate and its sampling parameters, checked before any trajectory starts."""
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
-        params = SamplingParams.from_dict(sampling_params)
+        params = SamplingParams.of(sampling_params)
         return self._gate([(group, sample) for group in range(num_rows) for sample in range(n_samples)]), params
 
     async def _group(
@@ -185,12 +185,12 @@ class RolloutManager:
         group: int,
         n_samples: int,
         gate: AdmissionGate,
-        sampling_params: Mapping[str, Any],
+        sampling_params: SamplingParams,
         seed: int | None,
     ) -> list[Trajectory]:
         """The ``n_samples`` trajectories of one row."""
         tags = [TrajectoryTag(gate, (group, sample), seed) for sample in range(n_samples)]
-        return list(await asyncio.gather(*(self._run_one(row, tag, dict(sampling_params)) for tag in tags)))
+        return list(await asyncio.gather(*(self._run_one(row, tag, sampling_params) for tag in tags)))
 
     def close(self) -> None:
         """Stop the services its agents started on its loops (the OpenAI gateways), the background thread (cancelling
@@ -213,7 +213,7 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ one trajectory
 
-    async def _run_one(self, row: Mapping[str, Any], tag: TrajectoryTag, sampling_params: dict[str, Any]) -> Trajectory:
+    async def _run_one(self, row: Mapping[str, Any], tag: TrajectoryTag, sampling_params: SamplingParams) -> Trajectory:
         (group, sample), agent_name = tag.key, str(row.get("agent_name"))
         # This trajectory's task only: a ChatModel called without sampling params uses these, every request carries
         # the trajectory's tag (engines.admission), and set-up faults fail it even when the agent catches them.

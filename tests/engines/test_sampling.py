@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -133,18 +134,41 @@ def test_a_penalised_row_without_counts_is_an_error():
 )
 def test_out_of_range_keys_are_refused_by_name(params, fragment):
     with pytest.raises(ValueError, match=fragment):
-        SamplingParams.from_dict(params)
+        SamplingParams.of(params)
 
 
 def test_new_keys_follow_sglang_defaults_and_shapes():
-    params = SamplingParams.from_dict({"stop": "</s>", "frequency_penalty": None})
+    params = SamplingParams.of({"stop": "</s>", "frequency_penalty": None})
     assert params.stop == ("</s>",) and params.frequency_penalty == 0.0
     assert (params.presence_penalty, params.repetition_penalty) == (0.0, 1.0) and not params.penalised
-    assert SamplingParams.from_dict({"stop": ["a", "b"], "repetition_penalty": 1.1}).stop == ("a", "b")
-    assert SamplingParams.from_dict({"stop": None}).stop == ()
+    assert SamplingParams.of({"stop": ["a", "b"], "repetition_penalty": 1.1}).stop == ("a", "b")
+    assert SamplingParams.of({"stop": None}).stop == ()
 
 
 def test_stop_strings_are_refused_where_there_is_no_tokenizer():
-    SamplingParams.from_dict({"presence_penalty": 1.0}).check_without_tokenizer("sglang")
+    SamplingParams.of({"presence_penalty": 1.0}).check_without_tokenizer("sglang")
     with pytest.raises(ValueError, match=r"stop=\['\\n'\].*'sglang'.*skip_tokenizer_init"):
-        SamplingParams.from_dict({"stop": "\n"}).check_without_tokenizer("sglang")
+        SamplingParams.of({"stop": "\n"}).check_without_tokenizer("sglang")
+
+
+def test_a_calls_parameters_may_lower_the_length_and_add_stops_but_not_change_the_sampling(caplog):
+    run = SamplingParams.of({"max_new_tokens": 64, "temperature": 0.8, "top_p": 0.9, "stop_token_ids": [7]})
+    assert run.for_call(None, "test") is run and run.for_call(run, "test") is run
+    assert run.for_call(dict(run), "test") is run  # an agent handing the run's dict back changes nothing
+    call = run.for_call({"max_new_tokens": 16, "stop_token_ids": [9], "stop": "END"}, "test")
+    assert (call.max_new_tokens, call.stop_token_ids, call.stop, call.temperature) == (16, (7, 9), ("END",), 0.8)
+    with caplog.at_level(logging.WARNING, logger="lit_agentrl.engines.sampling"):
+        kept = run.for_call({"temperature": 0.2, "max_new_tokens": 512, "top_p": 0.5}, "test-caller")
+        run.for_call({"temperature": 0.3}, "test-caller")
+    assert kept is run  # a higher limit and another temperature or top_p are not used
+    said = [r.message for r in caplog.records if "test-caller asked for" in r.message]
+    assert len(said) == 3 and any("temperature=0.2; the rollout's temperature=0.8 is used" in m for m in said)
+    with pytest.raises(ValueError, match="test: sampling_params: top_p must be in"):
+        run.for_call({"top_p": 2.0}, "test")
+
+
+def test_the_parameters_read_as_sglangs_dict():
+    params = SamplingParams.of({"max_new_tokens": 8, "stop": "x"})
+    assert dict(params) == {"max_new_tokens": 8, "stop": ["x"]} == params.to_request()
+    assert params["max_new_tokens"] == 8 and params.get("temperature", 1.0) == 1.0 and "stop" in params
+    assert bool(SamplingParams()) and SamplingParams.of(params) is params

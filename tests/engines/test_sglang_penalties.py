@@ -82,7 +82,7 @@ def test_greedy_tokens_and_logprobs_match_sglang(engines, penalty):
 def test_sglang_samples_have_the_logprobs_of_our_penalised_logits(engines, policy_model, penalty):
     sglang, _ = engines
     params = {"temperature": 0.7, "max_new_tokens": 10, "ignore_eos": True, **penalty}
-    sp = SamplingParams.from_dict(params)
+    sp = SamplingParams.of(params)
     for prompt, result in zip(PROMPTS, generate(sglang, params)):
         out = result["output_ids"]
         with torch.no_grad():

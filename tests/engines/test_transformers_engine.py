@@ -213,7 +213,7 @@ def test_top_k_one_is_greedy(engine, policy_model):
 
 
 def test_sampling_params_defaults_follow_sglang():
-    params = SamplingParams.from_dict({})
+    params = SamplingParams.of({})
     assert (params.max_new_tokens, params.temperature, params.top_p, params.top_k) == (128, 1.0, 1.0, -1)
 
 
