@@ -144,8 +144,18 @@ class SGLangHTTPEngine(SGLangBase):
         return self._context_length
 
     async def _read_facts(self) -> None:
-        """What the first request needs to know of the server: its context length, and whether it seeds by request."""
-        models, info = await asyncio.gather(self._client().get("/v1/models"), self._client().get("/get_server_info"))
+        """What the first request needs to know of the server: its context length, and whether it seeds by request.
+        Asked twice at most: a busy server may drop a connection before it answers, and the questions change nothing."""
+        import httpx
+
+        for attempt in (1, 2):
+            try:
+                models = await self._client().get("/v1/models")
+                info = await self._client().get("/get_server_info")
+                break
+            except httpx.TransportError:
+                if attempt == 2:
+                    raise
         models.raise_for_status()
         info.raise_for_status()
         self._note_facts(models.json(), dict(info.json()))
