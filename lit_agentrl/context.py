@@ -11,17 +11,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from lit_agentrl.engines.admission import AdmissionGate
+
+class Admission(Protocol):
+    """What a trajectory's requests and the engines tell their rollout's admission gate and ask of it
+    (:class:`lit_agentrl.engines.admission.AdmissionGate`, made by the rollout manager)."""
+
+    async def acquire(self, key: tuple[int, int]) -> None: ...
+    def release(self, key: tuple[int, int]) -> None: ...
+    def next_request_index(self, key: tuple[int, int]) -> int: ...
+    def submitted(self, key: tuple[int, int]) -> None: ...
+    def answered(self, key: tuple[int, int]) -> None: ...
+    def note_version(self, key: tuple[int, int], version: int) -> None: ...
+    def versions(self, key: tuple[int, int]) -> tuple[int, int] | None: ...
+    def wait_quiescent(self, timeout: float) -> bool: ...
+
+    @property
+    def finished(self) -> bool: ...
 
 
 @dataclass(frozen=True)
 class TrajectoryTag:
     """What a trajectory's requests carry: its rollout's gate and its key there."""
 
-    gate: AdmissionGate
+    gate: Admission
     key: tuple[int, int]
     """(group, sample): the row's index in the rollout and the sample's among the row's."""
     seed: int | None = None

@@ -25,8 +25,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from lit_agentrl.context import TrajectoryTag
-from lit_agentrl.engines.admission import AdmissionGate
+from lit_agentrl.context import Admission, TrajectoryTag
 from lit_agentrl.engines.base import GenerateResult
 from lit_agentrl.engines.prefix_cache import CachedPrefix, PrefixCache
 from lit_agentrl.engines.running_batch import RunningBatch, cache_with_prefixes, select_rows
@@ -124,7 +123,7 @@ class Scheduler:
         self._waiting: queue.Queue[EngineRequest | None] = queue.Queue()
         self._paused = False  # a weight update is in progress: no model step starts (pause/resume)
         self._pause = threading.Condition()
-        self._gate: AdmissionGate | None = None  # the rollout whose requests were admitted last
+        self._gate: Admission | None = None  # the rollout whose requests were admitted last
         self._thread = threading.Thread(target=self._serve, name="TransformersEngine", daemon=True)
         self._thread.start()
 
@@ -251,7 +250,7 @@ class Scheduler:
         self._gate = next((r.tag.gate for r in reversed(admitted) if r.tag is not None), self._gate)
         return admitted
 
-    def _wait_quiescent(self, gate: AdmissionGate) -> bool:
+    def _wait_quiescent(self, gate: Admission) -> bool:
         """Wait until the gate is quiescent; False when the engine shuts down meanwhile."""
         while not gate.wait_quiescent(timeout=0.1):
             if self.stopped:
