@@ -34,7 +34,7 @@ from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.prefix_cache import PrefixCache
 from lit_agentrl.engines.registry import register_engine
-from lit_agentrl.engines.requests import StreamKeys, gathered, split_requests
+from lit_agentrl.engines.requests import QueuedEngine, StreamKeys, split_requests
 from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.engines.scheduler import EngineRequest, RequestImages, Scheduler
 from lit_agentrl.errors import UserInputError
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 
 @register_engine("transformers")
-class TransformersEngine(RolloutEngine):
+class TransformersEngine(QueuedEngine):
     generates_beside_trainer = True  # its own scheduler thread serves any event loop
     updates_while_generating = True  # updates pause the scheduler between model steps
 
@@ -201,18 +201,6 @@ class TransformersEngine(RolloutEngine):
     def seed(self) -> int:
         """The seed of the untagged sampling streams (set by :meth:`reseed`)."""
         return self.streams.seed
-
-    async def async_generate(
-        self,
-        input_ids: list[int] | list[list[int]] | None = None,
-        sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
-        return_logprob: bool = False,
-        **kwargs: Any,
-    ) -> GenerateResult | list[GenerateResult]:
-        """Generate for one prompt (a list of ids) or a batch (a list of lists), like ``sglang.Engine``."""
-        futures, batched = self._submit(input_ids, sampling_params, return_logprob, kwargs)
-        results = await gathered(futures)  # cancelled, it aborts the requests in the engine
-        return results if batched else results[0]
 
     def generate(
         self,

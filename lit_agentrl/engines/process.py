@@ -35,10 +35,10 @@ import torch
 import torch.multiprocessing
 
 from lit_agentrl.context import TrajectoryTag, current_tag
-from lit_agentrl.engines.base import GenerateResult, RolloutEngine
+from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
-from lit_agentrl.engines.requests import StreamKeys, gathered, split_requests
+from lit_agentrl.engines.requests import QueuedEngine, StreamKeys, split_requests
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.dtypes import torch_dtype
 
@@ -65,7 +65,7 @@ keeps taking messages meanwhile."""
 
 
 @register_engine("transformers_process")
-class ProcessEngine(RolloutEngine):
+class ProcessEngine(QueuedEngine):
     """:class:`~lit_agentrl.engines.hf.TransformersEngine` in a spawned process: the same arguments, plus
     ``threads`` (the process's torch threads; default: the caller's ``torch.get_num_threads()``).
 
@@ -149,18 +149,6 @@ class ProcessEngine(RolloutEngine):
     def weight_version(self, version: int) -> None:  # set inside a weight-update session: the process's too
         self._call("set_weight_version", version)
         self._weight_version = version
-
-    async def async_generate(
-        self,
-        input_ids: list[int] | list[list[int]] | None = None,
-        sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
-        return_logprob: bool = False,
-        **kwargs: Any,
-    ) -> GenerateResult | list[GenerateResult]:
-        """Generate for one prompt (a list of ids) or a batch (a list of lists), like ``sglang.Engine``."""
-        futures, batched = self._submit(input_ids, sampling_params, return_logprob, kwargs)
-        results = await gathered(futures)  # cancelled, it aborts the requests in the engine
-        return results if batched else results[0]
 
     def update_weights_from_tensor(
         self,

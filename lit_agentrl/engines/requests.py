@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from lit_agentrl.context import TrajectoryTag
-from lit_agentrl.engines.base import PromptTooLongError
+from lit_agentrl.engines.base import GenerateResult, PromptTooLongError, RolloutEngine
 from lit_agentrl.engines.sampling import SamplingParams
 
 
@@ -88,6 +88,33 @@ def fit_context(request: PromptRequest, context_length: int | None) -> PromptReq
     if request.params.max_new_tokens <= room:
         return request
     return replace(request, params=replace(request.params, max_new_tokens=room))
+
+
+class QueuedEngine(RolloutEngine):
+    """An engine whose requests are queued as one future each (:meth:`_submit`): SGLang's ``async_generate`` over them,
+    shared by the transformers engine and its engine process."""
+
+    def _submit(
+        self,
+        input_ids: list[int] | list[list[int]] | None,
+        sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None,
+        return_logprob: bool,
+        extra: dict[str, Any],
+    ) -> tuple[list[concurrent.futures.Future], bool]:
+        """Queue the call's requests: a future per request, and whether the caller gets a list back."""
+        raise NotImplementedError
+
+    async def async_generate(
+        self,
+        input_ids: list[int] | list[list[int]] | None = None,
+        sampling_params: Mapping[str, Any] | list[Mapping[str, Any]] | None = None,
+        return_logprob: bool = False,
+        **kwargs: Any,
+    ) -> GenerateResult | list[GenerateResult]:
+        """Generate for one prompt (a list of ids) or a batch (a list of lists), like ``sglang.Engine``."""
+        futures, batched = self._submit(input_ids, sampling_params, return_logprob, kwargs)
+        results = await gathered(futures)  # cancelled, it aborts the requests in the engine
+        return results if batched else results[0]
 
 
 async def gathered(futures: list[concurrent.futures.Future]) -> list[Any]:
