@@ -30,8 +30,7 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, Auto
 
 from lit_agentrl.context import current_tag
 from lit_agentrl.engines.admission import request_order
-from lit_agentrl.engines.base import GenerateResult, RolloutEngine, check_named_tensors
-from lit_agentrl.engines.placement import EnginePlacement
+from lit_agentrl.engines.base import GenerateResult, check_named_tensors
 from lit_agentrl.engines.prefix_cache import PrefixCache
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.requests import QueuedEngine, StreamKeys, split_requests
@@ -109,22 +108,6 @@ class TransformersEngine(QueuedEngine):
         out = await engine.async_generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 8},
                                           return_logprob=True)
     """
-
-    @classmethod
-    def build(
-        cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
-    ) -> list[RolloutEngine]:
-        """One engine; ``device: cuda`` (no index) becomes the rank's own GPU, ``cuda:<local rank>``."""
-        if "device" in kwargs:
-            kwargs["device"] = cls.rank_device(kwargs["device"], placement)
-        return [cls(model_path, seed=seed, **kwargs)]
-
-    @staticmethod
-    def rank_device(device: str | None, placement: EnginePlacement | None) -> str | None:
-        """``device``, with ``cuda`` (no index) made the rank's own GPU when ``placement`` says which it is."""
-        if placement is not None and device is not None and torch.device(device) == torch.device("cuda"):
-            return f"cuda:{placement.local_rank}"
-        return device
 
     def __init__(
         self,

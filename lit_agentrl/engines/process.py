@@ -35,8 +35,6 @@ import torch
 import torch.multiprocessing
 
 from lit_agentrl.context import TrajectoryTag, current_tag
-from lit_agentrl.engines.base import RolloutEngine
-from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.requests import QueuedEngine, StreamKeys, split_requests
 from lit_agentrl.errors import UserInputError
@@ -78,17 +76,6 @@ class ProcessEngine(QueuedEngine):
 
     generates_beside_trainer = True
     updates_while_generating = True
-
-    @classmethod
-    def build(
-        cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
-    ) -> list[RolloutEngine]:
-        """One engine; ``device: cuda`` (no index) becomes the rank's own GPU, as for the in-process engine."""
-        from lit_agentrl.engines.hf import TransformersEngine
-
-        if "device" in kwargs:
-            kwargs["device"] = TransformersEngine.rank_device(kwargs["device"], placement)
-        return [cls(model_path, seed=seed, **kwargs)]
 
     def __init__(self, model_path: str, seed: int = 0, threads: int | None = None, **engine_kwargs: Any) -> None:
         if engine_kwargs.get("deterministic"):

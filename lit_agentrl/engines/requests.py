@@ -17,8 +17,11 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
+import torch
+
 from lit_agentrl.context import TrajectoryTag
 from lit_agentrl.engines.base import GenerateResult, PromptTooLongError, RolloutEngine
+from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.sampling import SamplingParams
 
 
@@ -92,7 +95,18 @@ def fit_context(request: PromptRequest, context_length: int | None) -> PromptReq
 
 class QueuedEngine(RolloutEngine):
     """An engine whose requests are queued as one future each (:meth:`_submit`): SGLang's ``async_generate`` over them,
-    shared by the transformers engine and its engine process."""
+    shared by the transformers engine and its engine process, as is where each rank's engine runs (:meth:`build`)."""
+
+    @classmethod
+    def build(
+        cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
+    ) -> list[RolloutEngine]:
+        """One engine; ``device: cuda`` (no index) becomes the rank's own GPU, ``cuda:<local rank>``."""
+        device = kwargs.get("device")
+        if placement is not None and device is not None and torch.device(device) == torch.device("cuda"):
+            kwargs["device"] = f"cuda:{placement.local_rank}"
+        engine_class: Any = cls  # the subclasses define the constructor
+        return [engine_class(model_path, seed=seed, **kwargs)]
 
     def _submit(
         self,
