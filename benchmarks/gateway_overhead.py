@@ -21,9 +21,9 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from lit_agentrl.agents.chat_model import ChatModel
+from lit_agentrl.agents.gateway import Gateway
 from lit_agentrl.context import TrajectoryContext, enter_trajectory
 from lit_agentrl.engines.base import RolloutEngine
-from lit_agentrl.gateway import Gateway
 from lit_agentrl.models.tiny import TinyModelConfig, save_tiny_model
 
 TURNS = 3

@@ -10,7 +10,7 @@
         ...
 
 For each trajectory the function gets an ``openai.AsyncOpenAI`` whose base URL points at the rollout's gateway
-(:mod:`lit_agentrl.gateway`) with the trajectory's own id, the row (its fields, the prompt as ``messages``,
+(:mod:`lit_agentrl.agents.gateway`) with the trajectory's own id, the row (its fields, the prompt as ``messages``,
 ``ground_truth``) and the agent YAML's config, and may call the model as often as it likes, with tools. It returns
 the reward (a number), an :class:`AgentResult`, or None (the row's reward function then scores the last reply).
 The tokens trained are the tokens the engine sampled: the gateway records them call by call.
@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 
 from lit_agentrl.agents.base import MESSAGES_FIELD, AgentGraph, AgentGraphOutput
 from lit_agentrl.agents.drift import count_openai_drift
+from lit_agentrl.agents.gateway.session import GatewaySample, GatewaySession
 from lit_agentrl.agents.registry import register
 from lit_agentrl.context import current_trajectory
-from lit_agentrl.gateway.session import GatewaySample, GatewaySession
 from lit_agentrl.types import AGENT_METRICS_FIELD
 
 __all__ = ["AgentResult", "OpenAIClientAgent", "register_openai_agent"]
@@ -62,7 +62,7 @@ class OpenAIClientAgent(AgentGraph):
     async def run(self, messages: Sequence[Any], sampling_params: Mapping[str, Any], **kwargs: Any) -> AgentGraphOutput:
         import openai
 
-        from lit_agentrl.gateway import gateway_for
+        from lit_agentrl.agents.gateway import gateway_for
 
         if not hasattr(self, "chatmodel"):
             self.build_graph()

@@ -13,8 +13,8 @@ import pytest
 from gateway_support import ADD_TOOL, ROW, SAMPLING, Recording, rollout
 from support import tool_call_text
 
-from lit_agentrl import gateway as gateway_module
 from lit_agentrl.agents import AgentResult, register_openai_agent
+from lit_agentrl.agents import gateway as gateway_module
 
 
 @register_openai_agent("gateway_calculator")
@@ -92,8 +92,8 @@ def test_a_rewritten_history_is_a_second_sequence_of_the_trajectory(scripted_eng
 
 def test_the_official_client_gets_errors_streams_and_models(scripted_engine_factory, tokenizer):
     from lit_agentrl.agents.chat_model import ChatModel
+    from lit_agentrl.agents.gateway import Gateway
     from lit_agentrl.context import TrajectoryContext
-    from lit_agentrl.gateway import Gateway
 
     engine = scripted_engine_factory(["Hello there.", "Hello there."])
     chat = ChatModel(model="policy", llm=engine, tokenizer=tokenizer)

@@ -15,9 +15,9 @@ from gateway_support import ROW, SAMPLING, Recording, rollout
 
 from lit_agentrl.agents import AgentResult, register_openai_agent
 from lit_agentrl.agents.chat_model import ChatModel
+from lit_agentrl.agents.gateway import Gateway
 from lit_agentrl.context import TrajectoryContext
 from lit_agentrl.engines.base import EngineWrapper
-from lit_agentrl.gateway import Gateway
 from lit_agentrl.rewards.registry import register_reward
 
 BAD_BODIES = [

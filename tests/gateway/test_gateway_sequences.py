@@ -163,7 +163,7 @@ def test_tool_choice_none_answers_in_text_and_unmet_forced_calls_are_counted(
 ):
     call = tool_call_text("add", {"a": 2, "b": 3})
     engine = scripted_engine_factory([call, call, "No tool for me."])
-    with caplog.at_level(logging.WARNING, logger="lit_agentrl.gateway.server"):
+    with caplog.at_level(logging.WARNING, logger="lit_agentrl.agents.gateway.server"):
         (trajectory,) = rollout(engine, tokenizer, {**ROW, "agent_name": "gateway_tool_choices"}).trajectories
     assert not trajectory.failed, trajectory.failure_reason
     none, named, required = json.loads(trajectory.str_output)

@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 
 from lit_agentrl.agents.chat_model import ChatModel
-from lit_agentrl.gateway.server import Gateway, GatewayError
-from lit_agentrl.gateway.session import GatewaySample, GatewaySession
+from lit_agentrl.agents.gateway.server import Gateway, GatewayError
+from lit_agentrl.agents.gateway.session import GatewaySample, GatewaySession
 from lit_agentrl.loop_services import register_loop_service
 
 __all__ = ["Gateway", "GatewayError", "GatewaySample", "GatewaySession", "close_gateways", "gateway_for"]

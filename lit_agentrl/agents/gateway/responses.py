@@ -9,7 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from lit_agentrl.gateway.request import SERVED_MODEL, ChatRequest, GatewayError
+from lit_agentrl.agents.gateway.request import SERVED_MODEL, ChatRequest, GatewayError
 
 __all__ = ["completion", "error_response", "reply_message", "stream_events"]
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from lit_agentrl.gateway.session import flat_text
+from lit_agentrl.agents.gateway.session import flat_text
 
 __all__ = ["MAX_CHOICES", "SERVED_MODEL", "ChatRequest", "GatewayError", "parse_body", "parse_request"]
 

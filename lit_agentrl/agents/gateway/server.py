@@ -1,7 +1,7 @@
 """The OpenAI-compatible gateway: ``/v1/chat/completions`` and ``/v1/models`` over one rollout engine.
 
 A :class:`Gateway` serves on loopback (uvicorn, a Starlette app) from the rollout's own event loop. The rollout
-manager opens a :class:`~lit_agentrl.gateway.session.GatewaySession` per trajectory and hands the agent a base
+manager opens a :class:`~lit_agentrl.agents.gateway.session.GatewaySession` per trajectory and hands the agent a base
 URL holding its id (``http://127.0.0.1:PORT/t/<id>/v1``; the id also works as the API key at ``/v1``), so
 every call is attributed to its trajectory: the handler checks the request (:mod:`.request`), enters the
 trajectory's context (its admission tag and sampling parameters), encodes the messages token-exactly
@@ -32,11 +32,11 @@ import uuid
 from typing import Any
 
 from lit_agentrl.agents.chat_model import ChatModel
+from lit_agentrl.agents.gateway.request import SERVED_MODEL, ChatRequest, GatewayError, parse_body, parse_request
+from lit_agentrl.agents.gateway.responses import completion, error_response, reply_message, stream_events
+from lit_agentrl.agents.gateway.session import GatewaySample, GatewaySession, PlannedCall
 from lit_agentrl.context import TrajectoryContext, enter_trajectory
 from lit_agentrl.engines import PromptTooLongError, SamplingParams
-from lit_agentrl.gateway.request import SERVED_MODEL, ChatRequest, GatewayError, parse_body, parse_request
-from lit_agentrl.gateway.responses import completion, error_response, reply_message, stream_events
-from lit_agentrl.gateway.session import GatewaySample, GatewaySession, PlannedCall
 
 __all__ = ["Gateway", "GatewayError"]
 
