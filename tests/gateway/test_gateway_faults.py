@@ -220,3 +220,24 @@ def test_closing_a_session_cancels_its_calls_in_flight_over_http(scripted_engine
 
     session = asyncio.run(main())
     assert engine.cancelled == 1 and not session.calls_in_flight and session.samples == []
+
+
+def test_a_prompt_past_the_engines_context_is_a_400_that_never_reaches_it(engine, tokenizer):
+    """The real transformers engine refuses it at its front door (its context: the model's max positions)."""
+    seen = Recording(engine)
+
+    async def main():
+        gateway, session = await _serving(seen, tokenizer)
+        client = openai.AsyncOpenAI(base_url=gateway.base_url(session), api_key=session.id, max_retries=0)
+        flood = [{"role": "user", "content": "7 " * (engine.context_length + 10)}]
+        try:
+            with pytest.raises(openai.BadRequestError, match="context length") as refused:
+                await client.chat.completions.create(model="policy", messages=flood)
+        finally:
+            await client.close()
+            await gateway.stop()
+        return refused.value, session
+
+    error, session = asyncio.run(main())
+    assert error.code == "context_length_exceeded" and error.param == "messages"
+    assert seen.outputs == [None] and session.samples == [] and session.refused_calls == 1
