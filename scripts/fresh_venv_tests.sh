@@ -12,6 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="$(mktemp -d "${TMPDIR:-/tmp}/lit-agentrl-venv.XXXXXX")"
+# mktemp makes the folder 0700; `python3 -m venv /tmp/x`, as a newcomer types it, makes it 0755 (umask 022). The
+# code sandbox runs code as a uid of its own, which must be able to read the interpreter's folders.
+chmod 755 "$VENV"
 cleanup() {
     if [ -n "${LIT_AGENTRL_KEEP_VENV:-}" ]; then echo "fresh_venv_tests: kept $VENV" >&2; else rm -rf "$VENV"; fi
 }
