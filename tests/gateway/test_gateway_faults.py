@@ -222,8 +222,10 @@ def test_closing_a_session_cancels_its_calls_in_flight_over_http(scripted_engine
     assert engine.cancelled == 1 and not session.calls_in_flight and session.samples == []
 
 
-def test_a_prompt_past_the_engines_context_is_a_400_that_never_reaches_it(engine, tokenizer):
-    """The real transformers engine refuses it at its front door (its context: the model's max positions)."""
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_prompt_past_the_engines_context_is_a_400_that_never_reaches_it(engine, tokenizer, n):
+    """The real transformers engine refuses it at its front door (its context: the model's max positions), for one
+    choice or several (sampled at once: the first failure is the call's, not an engine fault)."""
     seen = Recording(engine)
 
     async def main():
@@ -232,7 +234,7 @@ def test_a_prompt_past_the_engines_context_is_a_400_that_never_reaches_it(engine
         flood = [{"role": "user", "content": "7 " * (engine.context_length + 10)}]
         try:
             with pytest.raises(openai.BadRequestError, match="context length") as refused:
-                await client.chat.completions.create(model="policy", messages=flood)
+                await client.chat.completions.create(model="policy", messages=flood, n=n)
         finally:
             await client.close()
             await gateway.stop()
@@ -240,4 +242,5 @@ def test_a_prompt_past_the_engines_context_is_a_400_that_never_reaches_it(engine
 
     error, session = asyncio.run(main())
     assert error.code == "context_length_exceeded" and error.param == "messages"
-    assert seen.outputs == [None] and session.samples == [] and session.refused_calls == 1
+    assert seen.outputs == [None] * n and session.samples == [] and session.refused_calls == 1
+    assert session.context.faults == []  # the agent's fault, not the engine's: the trajectory goes on

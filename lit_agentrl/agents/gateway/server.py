@@ -191,9 +191,8 @@ class Gateway:
             ) from None
         except PromptTooLongError as exc:
             raise GatewayError(400, str(exc), "messages", "context_length_exceeded") from None
-        except (
-            Exception
-        ) as exc:  # the engine's fault, not the agent's: the trajectory must not train as if it were fine
+        except Exception as exc:
+            # The engine's fault, not the agent's: the trajectory must not train as if it were fine.
             reason = f"gateway: the engine failed a call ({type(exc).__name__}: {exc})"
             log.warning("%s", reason, exc_info=exc)
             if session.context is not None:
@@ -238,8 +237,11 @@ class Gateway:
         """Each choice's turn; the first failure cancels the others (the call then records nothing)."""
         if len(call.starts) == 1:  # no task to create for the usual call
             return [await self._turn(call.starts[0], call.suffix, tools, params)]
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(self._turn(start, call.suffix, tools, params)) for start in call.starts]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._turn(start, call.suffix, tools, params)) for start in call.starts]
+        except ExceptionGroup as failed:  # the first failure, as one choice's call would raise it
+            raise failed.exceptions[0] from None
         return [task.result() for task in tasks]
 
     async def _turn(
