@@ -244,3 +244,28 @@ def test_a_prompt_past_the_engines_context_is_a_400_that_never_reaches_it(engine
     assert error.code == "context_length_exceeded" and error.param == "messages"
     assert seen.outputs == [None] * n and session.samples == [] and session.refused_calls == 1
     assert session.context.faults == []  # the agent's fault, not the engine's: the trajectory goes on
+
+
+def test_messages_the_chat_template_refuses_are_a_400(scripted_engine_factory, tokenizer):
+    """Qwen's templates raise on some conversations (no user turn, say): the agent's fault, answered as a 400."""
+    import copy
+
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = (
+        "{% if messages | selectattr('role', 'equalto', 'user') | list | length == 0 %}"
+        "{{ raise_exception('No user query found in messages.') }}{% endif %}" + tokenizer.chat_template
+    )
+
+    async def main():
+        gateway, session = await _serving(scripted_engine_factory([]), strict)
+        client = openai.AsyncOpenAI(base_url=gateway.base_url(session), api_key=session.id, max_retries=0)
+        try:
+            with pytest.raises(openai.BadRequestError, match="No user query found in messages"):
+                await client.chat.completions.create(model="policy", messages=[{"role": "system", "content": "x"}])
+        finally:
+            await client.close()
+            await gateway.stop()
+        return session
+
+    session = asyncio.run(main())
+    assert session.context.faults == [] and session.refused_calls == 1

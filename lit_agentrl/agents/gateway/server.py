@@ -31,6 +31,8 @@ import socket
 import uuid
 from typing import Any
 
+from jinja2 import TemplateError
+
 from lit_agentrl.agents.chat_model import ChatModel
 from lit_agentrl.agents.gateway.request import SERVED_MODEL, ChatRequest, GatewayError, parse_body, parse_request
 from lit_agentrl.agents.gateway.responses import completion, error_response, reply_message, stream_events
@@ -191,6 +193,8 @@ class Gateway:
             ) from None
         except PromptTooLongError as exc:
             raise GatewayError(400, str(exc), "messages", "context_length_exceeded") from None
+        except TemplateError as exc:  # the chat template refused the conversation the agent sent
+            raise GatewayError(400, f"the model's chat template refused these messages: {exc}", "messages") from None
         except Exception as exc:
             # The engine's fault, not the agent's: the trajectory must not train as if it were fine.
             reason = f"gateway: the engine failed a call ({type(exc).__name__}: {exc})"
