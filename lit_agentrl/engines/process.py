@@ -202,8 +202,8 @@ class ProcessEngine(QueuedEngine):
         tag = current_tag()
         futures = []
         for request in requests:
-            params = dict(request.sampling_params or {})
-            for _ in range(int(params.pop("n", 1) or 1)):
+            params = {key: value for key, value in request.sampling_params.items() if key != "n"}  # the wire form
+            for _ in range(request.params.n):
                 stream, _ = self.streams.next(tag)
                 payload = (request.prompt, params, return_logprob, request.image_data, stream)
                 futures.append(self._send_request(tag, payload))
