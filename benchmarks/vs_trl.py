@@ -145,9 +145,8 @@ def run_ours(
         max_steps=steps,
         seed=seed,
         rollout={
-            "n_samples": N_SAMPLES,
-            "sampling_params": sampling,
-            "check_template_drift": False,
+            "train": {"n_samples": N_SAMPLES, "sampling_params": sampling},
+            "health": {"template_drift": False},
             "async_rollouts": {"ahead": 1} if asynchronous else None,
             **(ENGINE_PROCESS if side == "ours_async_process" else {}),
         },

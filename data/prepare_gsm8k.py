@@ -20,7 +20,7 @@ For each split a ``<split>.jsonl`` file is written into ``--local_dir``; each li
 
 The ground truth is the number after the last ``####`` with thousands separators removed; rows without one are
 skipped and reported on stderr. The prompt asks for the answer in ``\\boxed{}``, which the ``math`` reward reads
-(set ``data.reward_fn: math``: the ``data_source`` names no reward). The script needs ``pyarrow`` (and ``hf_parquet.py`` beside it).
+(set ``RolloutCallback.reward: math``: the ``data_source`` names no reward). The script needs ``pyarrow`` (and ``hf_parquet.py`` beside it).
 """
 
 from __future__ import annotations

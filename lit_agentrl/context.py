@@ -49,7 +49,7 @@ class TrajectoryContext:
 
     tag: TrajectoryTag | None = None
     sampling_params: Mapping[str, Any] | None = None
-    """The rollout's sampling parameters (``engines.sampling.SamplingParams``, which reads as SGLang's dict)."""
+    """The rollout's sampling parameters (``config.sampling.SamplingParams``, which reads as SGLang's dict)."""
     faults: list[str] = field(default_factory=list)
     """Faults reported in the trajectory: each fails it once its agent returns, whatever the agent caught."""
 

@@ -430,7 +430,7 @@ def inputs_from_run(
         sequence_packing=compute.sequence_packing,
         kl_coef=module.loss.kl_coef,
         entropy_coef=module.loss.entropy_coef,
-        temperature=settings.sampling.temperature,
+        temperature=settings.train.sampling.temperature,
         engine=engine.name,
         colocate=engine.colocate,
         trainer_cache_released=engine.colocate,  # RolloutCallback empties the cache before SGLang resumes
@@ -439,9 +439,9 @@ def inputs_from_run(
         mem_fraction_static=engine.kwargs.get("mem_fraction_static"),
         enable_memory_saver=bool(engine.kwargs.get("enable_memory_saver", False)),
         prompts_per_step=int(getattr(data, "prompts_per_step", 8)),
-        n_samples=settings.n_samples,
+        n_samples=settings.train.n_samples,
         max_prompt_length=int(getattr(data, "max_prompt_length", 0) or 0),
-        max_new_tokens=settings.sampling.max_new_tokens,
+        max_new_tokens=settings.train.sampling.max_new_tokens,
         ranks_per_node=layout.devices,
         max_steps=layout.max_steps,
         # ModelCheckpoint keeps the step interval private; a checkpoint saved by epoch or time is not planned

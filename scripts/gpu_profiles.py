@@ -113,8 +113,8 @@ SMOKE = Profile(
         "rollout.engine.name": "transformers",
         "rollout.engine.kwargs": {"dtype": "float32"},
         "rollout.engine.colocate": False,
-        "rollout.n_samples": 2,
-        "rollout.sampling_params": {"max_new_tokens": 8, "temperature": 1.0},
+        "rollout.train.n_samples": 2,
+        "rollout.train.sampling_params": {"max_new_tokens": 8, "temperature": 1.0},
     },
     cpu_threads=1,  # a tiny model's ops are too small for threads; on a busy machine they cost 10x
 )

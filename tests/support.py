@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from lit_agentrl.config.run_file import cpu_run, write_config
+from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.engines.base import RolloutEngine
-from lit_agentrl.engines.sampling import SamplingParams
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MATH_SAMPLE_TRAIN = REPO_ROOT / "data" / "samples" / "math_sample_train.jsonl"
@@ -128,10 +128,9 @@ def quick_config(
         tmp_path,
         max_steps=steps,
         rollout={
-            "n_samples": n_samples,
             "engine": {"name": "transformers", "kwargs": engine_kwargs or {}},
-            "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
-            "val_sampling_params": {"max_new_tokens": 4, "temperature": 0.0},
+            "train": {"n_samples": n_samples, "sampling_params": {"max_new_tokens": 4, "temperature": 1.0}},
+            "validation": {"sampling_params": {"max_new_tokens": 4, "temperature": 0.0}},
         },
         model={"optimizer": {"lr": 5.0e-4}},
         data={

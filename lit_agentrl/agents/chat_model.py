@@ -34,9 +34,9 @@ from lit_agentrl.agents.multimodal import (
     widen,
 )
 from lit_agentrl.agents.tool_parser import parse_tool_calls
+from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.context import current_trajectory
 from lit_agentrl.engines.base import output_logprobs
-from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.models.processors import image_token_id
 
 _PROMPT_CACHE_SIZE = 4096

@@ -1,73 +1,90 @@
-"""How ``RolloutCallback`` builds its rollout side from the trainer at setup, and what it reads from the trainer
-during the run: the settings checked together, then the engines, their fleet, the manager and the loop."""
+"""How ``RolloutCallback`` builds its rollout side at setup, and what it reads from the trainer during the run.
+
+The callback depends on :class:`RolloutPolicy`, what the rollout side reads of the LightningModule (``GRPOModule``
+has it), not on the module's class.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import lightning as L
+import torch
 
 from lit_agentrl.bridge.offload import TrainerOffload
 from lit_agentrl.callbacks.ranks import TrainerCollective, engine_placement
-from lit_agentrl.callbacks.rollout_checks import check_async, check_module
-from lit_agentrl.config.rollout import EngineSettings
-from lit_agentrl.config.training import Lora
+from lit_agentrl.callbacks.rollout_checks import check_async, check_reward
+from lit_agentrl.config.rollout import EngineSettings, RolloutSettings
+from lit_agentrl.config.training import Correction, Lora, Optimizer
 from lit_agentrl.data import AgentPromptDataModule
-from lit_agentrl.engines import SamplingParams, build_engines, get_engine_class
+from lit_agentrl.engines import build_engines, get_engine_class
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.processors import load_policy_processor, load_tokenizer
 from lit_agentrl.registry import import_modules
 from lit_agentrl.rollout.fleet import EngineFleet, check_serves_adapters
+from lit_agentrl.rollout.health import RolloutHealth
 from lit_agentrl.rollout.loop import RolloutLoop
 from lit_agentrl.rollout.manager import RolloutManager
-from lit_agentrl.rollout.schedule import AsyncRollouts
+from lit_agentrl.rollout.metrics import RolloutMetrics
 from lit_agentrl.rollout.seeds import RolloutSeeds
-from lit_agentrl.training.module import GRPOModule
+from lit_agentrl.rollout.step import RolloutStep
 
 
-@dataclass(frozen=True)
-class RolloutSettings:
-    """``RolloutCallback``'s arguments, typed and checked against each other (see the callback for each)."""
+class RolloutPolicy(Protocol):
+    """What the rollout side reads of the LightningModule: where the policy came from, the weights the engines must
+    hold, and the settings the rollout depends on."""
 
-    engine: EngineSettings
-    n_samples: int
-    sampling: SamplingParams
-    val_n_samples: int
-    val_sampling: SamplingParams
-    trajectory_timeout_s: float | None
-    check_template_drift: bool
-    async_rollouts: AsyncRollouts | None
+    model_path: str
+    """The policy's folder (tokenizer, chat template, processor; the engines' initial weights)."""
+    lora: Lora
+    """Its adapters: whether the engines get merged weights or the adapters alone."""
+    correction: Correction | None
+    """The off-policy correction (stale trajectories of asynchronous rollouts need one)."""
+    optimizer: Optimizer
+    """Its updates per rollout batch (``mini_batches``): how many rollout batches the run has left."""
 
-    def __post_init__(self) -> None:
-        if self.n_samples < 1 or self.val_n_samples < 1:
-            raise UserInputError(
-                f"n_samples and val_n_samples must be >= 1, got {self.n_samples} and {self.val_n_samples}"
-            )
-        if self.async_rollouts is not None and self.engine.colocate:
-            raise UserInputError(
-                "RolloutCallback.async_rollouts generates while the trainer trains, so the engine cannot share the "
-                "trainer's GPU memory (colocate: true)",
-                hint="give the engine GPUs of its own (sglang_http servers), or drop async_rollouts with colocate",
-            )
-        self.sampling.check_for_rollouts("RolloutCallback.sampling_params", "n_samples", training=True)
-        self.val_sampling.check_for_rollouts("RolloutCallback.val_sampling_params", "val_n_samples", training=False)
-        if self.engine.name in ("sglang", "sglang_http"):  # SGLang without a tokenizer: no stop strings
-            for where, params in (("sampling_params", self.sampling), ("val_sampling_params", self.val_sampling)):
-                params.check_without_tokenizer(self.engine.name, f"RolloutCallback.{where}")
+    @property
+    def policy(self) -> torch.nn.Module: ...
+
+    @property
+    def reference(self) -> torch.nn.Module | None: ...
 
 
-def build_rollout(settings: RolloutSettings, trainer: L.Trainer, module: GRPOModule) -> tuple[RolloutLoop, EngineFleet]:
-    """This rank's engines in their fleet, and the loop that drives agents through them (refusing, before any engine
-    starts, what the module, tokenizer or data cannot do with these settings)."""
-    check_module(module, settings.val_n_samples)
+_POLICY_MEMBERS = ("model_path", "lora", "correction", "optimizer", "policy", "reference")
+
+
+def rollout_policy(pl_module: Any) -> RolloutPolicy:
+    """``pl_module`` as the rollout side reads it, refused naming what it lacks (``dir`` lists the members without
+    calling a property such as ``policy``, which raises before ``configure_model``)."""
+    missing = [name for name in _POLICY_MEMBERS if name not in dir(pl_module)]
+    if missing:
+        raise TypeError(
+            f"RolloutCallback trains a LightningModule with {', '.join(_POLICY_MEMBERS)} (as "
+            f"lit_agentrl.training.GRPOModule has); {type(pl_module).__name__} lacks {', '.join(missing)}"
+        )
+    return cast("RolloutPolicy", pl_module)
+
+
+def build_rollout(
+    settings: RolloutSettings,
+    trainer: L.Trainer,
+    module: RolloutPolicy,
+    device: torch.device,
+    health: RolloutHealth,
+    metrics: RolloutMetrics,
+) -> RolloutStep:
+    """This rank's engines in their fleet, the loop that drives agents through them, and the step over both
+    (refusing, before any engine starts, what the module, tokenizer or data cannot do with these settings)."""
+    datamodule = getattr(trainer, "datamodule", None)
+    check_reward(settings.reward, datamodule)
     tokenizer = load_tokenizer(module.model_path)
     if not tokenizer.chat_template:
         raise UserInputError(
             f"the tokenizer at {module.model_path!r} has no chat template; agents need one to build prompts"
         )
-    collective = TrainerCollective(trainer, module.device)
+    collective = TrainerCollective(trainer, device)
+    health.collective = collective
     seeds = RolloutSeeds(int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank)
     engine = settings.engine
     import_modules(engine.modules, kind="engine")
@@ -75,7 +92,7 @@ def build_rollout(settings: RolloutSettings, trainer: L.Trainer, module: GRPOMod
     if module.lora.syncs_adapter:  # before any engine starts
         engine_kwargs = adapter_serving_kwargs(engine, module.lora)
     engines = build_engines(engine.name, module.model_path, seeds.base, engine_placement(trainer), **engine_kwargs)
-    offload = (lambda: _offload_states(trainer, module)) if engine.offloads else None
+    offload = (lambda: _offload_states(trainer, module, device)) if engine.offloads else None
     lora = module.lora if module.lora.enabled else None
     fleet = EngineFleet(engines, engine.sync_bucket_mb << 20, collective, engine.colocate, offload, lora)
     manager = RolloutManager(
@@ -83,18 +100,15 @@ def build_rollout(settings: RolloutSettings, trainer: L.Trainer, module: GRPOMod
         tokenizer,
         processor=load_policy_processor(module.model_path),  # None for a text policy
         max_inflight_per_engine=engine.max_inflight,
-        trajectory_timeout_s=settings.trajectory_timeout_s,
-        reward_fn=getattr(getattr(trainer, "datamodule", None), "reward_fn", None),  # a user's may have none
-        check_template_drift=settings.check_template_drift,
+        trajectory_timeout_s=settings.health.trajectory_timeout_s,
+        reward_fn=settings.reward.fn,
+        check_template_drift=settings.health.template_drift,
     )
-    loop = RolloutLoop(
-        manager, seeds, settings.n_samples, settings.sampling, settings.val_n_samples, settings.val_sampling,
-        settings.async_rollouts, collective,
-    )  # fmt: skip
+    loop = RolloutLoop(manager, seeds, settings.train, settings.validation, settings.async_rollouts, collective)
     if settings.async_rollouts is not None:
-        check_async(settings.async_rollouts, getattr(trainer, "datamodule", None), module, engines, engine.name)
+        check_async(settings.async_rollouts, datamodule, module.correction, engines, engine.name)
         manager.start_background()  # refuses engines that cannot generate beside the trainer
-    return loop, fleet
+    return RolloutStep(loop, fleet, health, metrics, engine.colocate)
 
 
 def adapter_serving_kwargs(engine: EngineSettings, lora: Lora) -> dict[str, Any]:
@@ -115,7 +129,7 @@ def steps_left(trainer: L.Trainer) -> int:
     """Training steps (rollout batches) left in the run, this one included; a large number without max_steps."""
     if not trainer.max_steps or trainer.max_steps < 0:
         return 1 << 30
-    mini_batches = grpo_module(trainer.lightning_module).optimizer.mini_batches
+    mini_batches = rollout_policy(trainer.lightning_module).optimizer.mini_batches
     return max(0, (trainer.max_steps - trainer.global_step) // mini_batches)
 
 
@@ -125,16 +139,10 @@ def prompt_data(trainer: L.Trainer) -> AgentPromptDataModule | None:
     return datamodule if isinstance(datamodule, AgentPromptDataModule) else None
 
 
-def grpo_module(pl_module: Any) -> GRPOModule:
-    if not isinstance(pl_module, GRPOModule):
-        raise TypeError(f"RolloutCallback trains a GRPOModule, not a {type(pl_module).__name__}")
-    return pl_module
-
-
-def _offload_states(trainer: L.Trainer, module: GRPOModule) -> list[TrainerOffload]:
+def _offload_states(trainer: L.Trainer, module: RolloutPolicy, device: torch.device) -> list[TrainerOffload]:
     """The trainer's parts a colocated window moves to host memory: the policy with its optimizer, the reference."""
     optimizer = trainer.optimizers[0] if trainer.optimizers else None  # none when only validating
-    states = [TrainerOffload(module.policy, optimizer, module.device)]
+    states = [TrainerOffload(module.policy, optimizer, device)]
     if module.reference is not None:
-        states.append(TrainerOffload(module.reference, None, module.device))
+        states.append(TrainerOffload(module.reference, None, device))
     return states

@@ -3,7 +3,7 @@
 jsonargparse reaches a list's entries only as "the last one" (``--trainer.callbacks.init_args.KEY VALUE``, or
 ``--trainer.callbacks+=Class`` to append one), so a config whose RolloutCallback is not last had no way to change it
 from the command line. Here an entry is picked by its index (from 0) or by its class name
-(``--trainer.callbacks.RolloutCallback.n_samples 4``); ``init_args.`` before the key is optional. The value is parsed
+(``--trainer.callbacks.RolloutCallback.train.n_samples 4``); ``init_args.`` before the key is optional. The value is parsed
 and checked by jsonargparse against the callback's own signature, as in a config file. These overrides apply after
 the rest of the command line (every ``--config`` included), in the order given.
 """

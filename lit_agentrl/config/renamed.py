@@ -7,6 +7,7 @@ A key is named as a user writes it: ``model.<key>``, ``data.<key>``, or ``<Callb
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ RENAMED: dict[str, str] = {
     "model.loss_norm_length": "model.loss.norm_length",
     "model.normalize_advantage_std": "model.loss.advantage_std: sample, population (both divide by the group's "
     "std) or none (Dr. GRPO: centred only)",
-    "model.rollout_temperature": "RolloutCallback.sampling_params.temperature alone: log-probs are computed at the "
+    "model.rollout_temperature": "RolloutCallback.train.sampling_params.temperature alone: log-probs are computed at the "
     "temperature each rollout was sampled at",
     "model.rollout_correction": "model.correction: {kind: tis} (or mis; null: off)",
     "model.rollout_correction_level": "model.correction.level",
@@ -44,6 +45,18 @@ RENAMED: dict[str, str] = {
     "model.overlong_max_length": "model.overlong.max_length",
     "model.overlong_buffer": "model.overlong.buffer",
     "model.overlong_penalty_factor": "model.overlong.penalty_factor",
+    "model.val_pass_k": "RolloutCallback.validation: {pass_k: [...]}",
+    "data.reward_fn": "RolloutCallback.reward: NAME (or {fn: NAME})",
+    "data.dynamic_sampling": "RolloutCallback.train: {dynamic_sampling: {max_rounds: N}} ({} for the defaults; null: off)",
+    "data.dynamic_max_rounds": "RolloutCallback.train.dynamic_sampling.max_rounds",
+    "RolloutCallback.n_samples": "RolloutCallback.train: {n_samples: N}",
+    "RolloutCallback.sampling_params": "RolloutCallback.train: {sampling_params: {...}}",
+    "RolloutCallback.val_n_samples": "RolloutCallback.validation: {n_samples: N}",
+    "RolloutCallback.val_sampling_params": "RolloutCallback.validation: {sampling_params: {...}}",
+    "RolloutCallback.trajectory_timeout_s": "RolloutCallback.health: {trajectory_timeout_s: S}",
+    "RolloutCallback.max_failed_fraction": "RolloutCallback.health: {max_failed_fraction: F}",
+    "RolloutCallback.flat_reward_warn_steps": "RolloutCallback.health: {flat_reward_warn_steps: N}",
+    "RolloutCallback.check_template_drift": "RolloutCallback.health: {template_drift: true|false}",
     "RolloutCallback.engine_kwargs": "RolloutCallback.engine: {name: ..., kwargs: {...}}",
     "RolloutCallback.engine_modules": "RolloutCallback.engine: {name: ..., modules: [...]}",
     "RolloutCallback.max_inflight_per_engine": "RolloutCallback.engine: {name: ..., max_inflight: N}",
@@ -66,6 +79,9 @@ def refuse_renamed_keys(argv: Sequence[str]) -> None:
             raise UserInputError(f"{source}: {key} has been replaced", hint=f"use {RENAMED[key]}")
 
 
+_CALLBACK_OPTION = re.compile(r"^--trainer\.callbacks\.([A-Z]\w*)\.(?:init_args\.)?(\w+)")
+
+
 def _keys(argv: Sequence[str]) -> Iterator[tuple[str, str]]:
     """(where, key) of every key the command line sets, directly or through ``--config`` files."""
     args = list(argv)
@@ -77,6 +93,8 @@ def _keys(argv: Sequence[str]) -> Iterator[tuple[str, str]]:
         elif arg.startswith(("--model.", "--data.")):
             key = arg[2:].split("=", 1)[0]
             yield f"the option --{key}", key
+        elif match := _CALLBACK_OPTION.match(arg.split("=", 1)[0]):  # --trainer.callbacks.<Class>.[init_args.]<key>
+            yield f"the option {match.group(0)}", f"{match.group(1)}.{match.group(2)}"
 
 
 def _config_keys(path: str) -> Iterator[tuple[str, str]]:

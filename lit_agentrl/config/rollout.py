@@ -1,20 +1,34 @@
-"""The rollout side's settings as typed groups (``RolloutCallback``'s ``init_args``), checked when built.
-
-``engine`` is the one group of the callback's own (``async_rollouts`` is :class:`~lit_agentrl.rollout.schedule.
-AsyncRollouts`, the sampling parameters SGLang's dict)::
+"""The rollout side's settings as typed groups, ``RolloutCallback``'s ``init_args``: frozen, built by keyword and
+checked when built, so a bad value fails before any engine starts, naming its YAML key. ``lit-agentrl fit
+--trainer.callbacks.help RolloutCallback`` prints each group's keys from these docstrings::
 
     - class_path: RolloutCallback
       init_args:
         engine: {name: sglang, kwargs: {dtype: bfloat16, mem_fraction_static: 0.85}, colocate: true}
-        n_samples: 32
+        train: {n_samples: 16, sampling_params: {max_new_tokens: 1024, temperature: 1.0}}
+        validation: {n_samples: 4, sampling_params: {max_new_tokens: 1024, temperature: 0.6}, pass_k: [1, 4]}
+        reward: math
+        health: {trajectory_timeout_s: 600}
+        async_rollouts: {ahead: 1}
+
+``RolloutSettings`` holds them all and checks them against each other. The sampling parameters are parsed once, here,
+into :class:`~lit_agentrl.config.sampling.SamplingParams`, which travel typed to the engines.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.errors import UserInputError
+
+DEFAULT_TRAJECTORY_TIMEOUT_S = 1800.0
+"""A trajectory's time limit unless ``health.trajectory_timeout_s`` is set: one hung agent or tool must not hold a step
+forever (null, no limit, only on purpose)."""
+
+_WHERE = "RolloutCallback"
 
 
 @dataclass(frozen=True)
@@ -66,3 +80,227 @@ class EngineSettings:
         """Whether the trainer's states go to host memory while the engine generates (``offload_trainer``, whose
         default follows ``colocate``)."""
         return self.colocate if self.offload_trainer is None else self.offload_trainer
+
+
+@dataclass(frozen=True)
+class DynamicSampling:
+    """DAPO's dynamic sampling (``RolloutCallback.train.dynamic_sampling``; Yu et al. 2025): groups whose rewards are
+    all equal (no gradient) are dropped, and more prompts are drawn, one step's worth per round from a seeded stream of
+    their own whose position is checkpointed, until the step has ``data.prompts_per_step`` informative groups or
+    ``max_rounds`` extra rounds are spent.
+
+    Args:
+        max_rounds: the most extra rounds of one step.
+    """
+
+    max_rounds: int = 4
+
+    def __post_init__(self) -> None:
+        if self.max_rounds < 1:
+            raise UserInputError(f"{_WHERE}.train.dynamic_sampling.max_rounds must be >= 1, got {self.max_rounds}")
+
+
+@dataclass(frozen=True)
+class TrainRollouts:
+    """The rollouts trained on (``RolloutCallback.train``).
+
+    Args:
+        n_samples: trajectories per prompt (the GRPO group size).
+        sampling_params: SGLang's sampling parameters (``max_new_tokens``, ``temperature``, ``top_p``, ...; see
+            Configuration). ``temperature`` must be > 0: the trainer computes log-probs at it. ``n`` must be 1.
+        dynamic_sampling: DAPO's dynamic sampling (null: off; ``{}``: on with its defaults).
+    """
+
+    n_samples: int = 8
+    sampling_params: Mapping[str, Any] = field(default_factory=dict)
+    dynamic_sampling: DynamicSampling | None = None
+    sampling: SamplingParams = field(init=False, repr=False, compare=False)
+    """``sampling_params`` parsed and checked (what travels to the engines)."""
+
+    def __post_init__(self) -> None:
+        where = f"{_WHERE}.train"
+        object.__setattr__(self, "sampling", _sampling(self.sampling_params, where))
+        if self.n_samples < 1:
+            raise UserInputError(f"{where}.n_samples must be >= 1, got {self.n_samples}")
+        self.sampling.check_for_rollouts(f"{where}.sampling_params", f"{where}.n_samples", training=True)
+
+
+@dataclass(frozen=True)
+class ValidationRollouts:
+    """The rollouts of validation (``RolloutCallback.validation``).
+
+    Args:
+        n_samples: trajectories per prompt.
+        sampling_params: SGLang's sampling parameters of validation (``temperature: 0`` is greedy).
+        pass_k: the k of ``val/pass@k``, ``maj@k`` and ``mean@k``, logged per ``data_source`` and written as a table
+            (``lit_agentrl.rollout.evaluation``); each at most ``n_samples``.
+    """
+
+    n_samples: int = 1
+    sampling_params: Mapping[str, Any] = field(default_factory=dict)
+    pass_k: tuple[int, ...] = (1,)
+    sampling: SamplingParams = field(init=False, repr=False, compare=False)
+    """``sampling_params`` parsed and checked (what travels to the engines)."""
+
+    def __post_init__(self) -> None:
+        where = f"{_WHERE}.validation"
+        object.__setattr__(self, "sampling", _sampling(self.sampling_params, where))
+        object.__setattr__(self, "pass_k", tuple(self.pass_k))
+        if self.n_samples < 1:
+            raise UserInputError(f"{where}.n_samples must be >= 1, got {self.n_samples}")
+        if not self.pass_k or any(k < 1 for k in self.pass_k):
+            raise UserInputError(f"{where}.pass_k must be a non-empty list of k >= 1, got {list(self.pass_k)}")
+        if max(self.pass_k) > self.n_samples:
+            raise UserInputError(
+                f"{where}.pass_k={list(self.pass_k)} needs k <= {where}.n_samples={self.n_samples} (the samples per "
+                "validation prompt)",
+                hint=f"set {where}.n_samples >= {max(self.pass_k)} or drop the larger k",
+            )
+        self.sampling.check_for_rollouts(f"{where}.sampling_params", f"{where}.n_samples", training=False)
+
+
+@dataclass(frozen=True)
+class Rewards:
+    """How trajectories are scored (``RolloutCallback.reward``; a name alone, ``reward: math``, is ``{fn: math}``).
+
+    A row's reward function is, in order: the agent's own ``reward_score``, the function registered under the row's
+    ``data_source``, then ``fn``. At setup, once ``data.agent_modules`` have registered users' functions, an unknown
+    name is refused listing the registered ones, and rows that get a function must carry a ground truth.
+
+    Args:
+        fn: the default reward function: ``math``, ``next_digit``, ... or your ``@register_reward`` (null: rows
+            without a known ``data_source`` or an agent's score get none, and fail).
+    """
+
+    fn: str | None = None
+
+
+@dataclass(frozen=True)
+class Health:
+    """What a run does about trajectories that fail or go wrong (``RolloutCallback.health``).
+
+    Args:
+        trajectory_timeout_s: a trajectory running longer is cancelled, its engine requests aborted, and marked
+            failed (left out of the loss). Default 1800 s; null: no limit, on purpose.
+        max_failed_fraction: stop the run when more than this fraction of a step's trajectories (over all ranks)
+            failed, quoting the most common reasons, instead of training on what is left.
+        flat_reward_warn_steps: warn (naming the likely causes) when every prompt group's rewards have been equal
+            for this many steps in a row, as a missing ground truth or the wrong reward function makes them (0: off).
+        template_drift: count ``rollout/template_drift``, trajectories whose tokens differ from their conversation
+            rendered by the chat template (one render per trajectory; not logged when off).
+    """
+
+    trajectory_timeout_s: float | None = DEFAULT_TRAJECTORY_TIMEOUT_S
+    max_failed_fraction: float = 0.5
+    flat_reward_warn_steps: int = 5
+    template_drift: bool = True
+
+    def __post_init__(self) -> None:
+        where = f"{_WHERE}.health"
+        if self.trajectory_timeout_s is not None and self.trajectory_timeout_s <= 0:
+            raise UserInputError(f"{where}.trajectory_timeout_s must be > 0 or null, got {self.trajectory_timeout_s}")
+        if not 0.0 <= self.max_failed_fraction <= 1.0:
+            raise UserInputError(f"{where}.max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
+        if self.flat_reward_warn_steps < 0:
+            raise UserInputError(f"{where}.flat_reward_warn_steps must be >= 0, got {self.flat_reward_warn_steps}")
+
+
+@dataclass(frozen=True)
+class AsyncRollouts:
+    """Rollouts of the coming steps generated while this one trains (``RolloutCallback.async_rollouts``).
+
+    Args:
+        ahead: steps generated ahead of the one training (0: none; without ``partial``, at most 1).
+        partial: push the weights as soon as a step ends, into requests in flight (they keep the log-probs they were
+            sampled with and continue on the new weights); needs engines that take weights while generating.
+        ready_fraction: with ``partial``, a step trains once this fraction of its prompt groups have finished; the
+            rest keep generating and are trained with the next step. 1.0 (default): every group.
+        max_staleness: trajectories whose oldest tokens are more updates older than the policy are dropped and
+            counted; default ``staleness``, what the schedule produces (it may not be lower).
+
+    Three knobs that constrain each other, so one value checked together. The staleness a schedule produces follows
+    from them: a rollout started ``ahead`` steps early is trained ``ahead`` updates after its first token, and a
+    carried group (:mod:`lit_agentrl.rollout.tail`) one update later still; that is the one place it is decided.
+
+    Example: ``async_rollouts: {ahead: 2, partial: true, ready_fraction: 0.8}``.
+    """
+
+    ahead: int = 1
+    partial: bool = False
+    ready_fraction: float = 1.0
+    max_staleness: int | None = None
+
+    def __post_init__(self) -> None:
+        where = "RolloutCallback.async_rollouts"
+        if self.ahead < 0:
+            raise UserInputError(f"{where}.ahead must be >= 0, got {self.ahead}")
+        if not 0.0 < self.ready_fraction <= 1.0:
+            raise UserInputError(f"{where}.ready_fraction must be in (0, 1], got {self.ready_fraction}")
+        if not self.partial and self.ahead > 1:
+            raise UserInputError(
+                f"{where}.ahead={self.ahead} needs partial: true: without it a weight push waits for the rollouts in "
+                "flight, so only the next step's can run ahead",
+                hint=f"set {where}.partial: true, or ahead: 1",
+            )
+        if self.ready_fraction < 1.0 and not self.partial:
+            raise UserInputError(
+                f"{where}.ready_fraction={self.ready_fraction} carries a step's unfinished groups into the next step, "
+                "on newer weights: it needs partial: true",
+                hint=f"set {where}.partial: true, or ready_fraction: 1.0",
+            )
+        if self.max_staleness is not None and self.max_staleness < self.staleness:
+            raise UserInputError(
+                f"{where}.max_staleness={self.max_staleness} is below the staleness this schedule produces "
+                f"({self.staleness}: ahead={self.ahead}{', plus one for carried groups' if self.carries else ''}): "
+                "it would drop the rollouts it runs ahead",
+                hint=f"leave max_staleness unset (it defaults to {self.staleness}), or run fewer steps ahead",
+            )
+
+    @property
+    def carries(self) -> bool:
+        """Whether unfinished groups are carried to the next step."""
+        return self.ready_fraction < 1.0
+
+    @property
+    def staleness(self) -> int:
+        """The most updates a trained trajectory's oldest tokens are behind the policy, under this schedule."""
+        return self.ahead + int(self.carries)
+
+    @property
+    def dropped_beyond(self) -> int:
+        """Trajectories staler than this are dropped (``max_staleness``, default :attr:`staleness`)."""
+        return self.staleness if self.max_staleness is None else self.max_staleness
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """Every group of ``RolloutCallback``, checked against each other (see each group for its keys)."""
+
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    train: TrainRollouts = field(default_factory=TrainRollouts)
+    validation: ValidationRollouts = field(default_factory=ValidationRollouts)
+    reward: Rewards = field(default_factory=Rewards)
+    health: Health = field(default_factory=Health)
+    async_rollouts: AsyncRollouts | None = None
+
+    def __post_init__(self) -> None:
+        if self.async_rollouts is not None and self.engine.colocate:
+            raise UserInputError(
+                f"{_WHERE}.async_rollouts generates while the trainer trains, so the engine cannot share the "
+                "trainer's GPU memory (engine.colocate: true)",
+                hint="give the engine GPUs of its own (sglang_http servers), or drop async_rollouts with colocate",
+            )
+        if self.async_rollouts is not None and self.train.dynamic_sampling is not None:
+            raise UserInputError(
+                f"{_WHERE}.async_rollouts does not combine with train.dynamic_sampling yet (its extra rounds depend on "
+                "the step's rollout)",
+                hint="set train.dynamic_sampling: null, or drop async_rollouts",
+            )
+        if self.engine.name in ("sglang", "sglang_http"):  # SGLang without a tokenizer: no stop strings
+            for group in ("train", "validation"):
+                params: SamplingParams = getattr(self, group).sampling
+                params.check_without_tokenizer(self.engine.name, f"{_WHERE}.{group}.sampling_params")
+
+
+def _sampling(params: Mapping[str, Any], where: str) -> SamplingParams:
+    return SamplingParams.of(params, where=f"{where}.sampling_params")

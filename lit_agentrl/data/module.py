@@ -14,11 +14,10 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_agentrl.agents.registry import import_agent_modules
-from lit_agentrl.data.files import short
+from lit_agentrl.data.files import DataFile, short
 from lit_agentrl.data.loader import PromptBatchLoader
-from lit_agentrl.data.validation import load_and_validate, prompt_text
+from lit_agentrl.data.validation import check_ground_truths, load_validated_files, prompt_text
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.rewards import get_reward_fn
 from lit_agentrl.rows import row_prompt
 from lit_agentrl.types import PromptBatch
 
@@ -33,24 +32,17 @@ class AgentPromptDataModule(L.LightningDataModule):
         val_prompts_per_step: prompts per validation batch across all ranks (default: ``prompts_per_step``).
         seed: seed of the per-epoch shuffle.
         shuffle: shuffle the training rows each epoch.
-        reward_fn: default reward function name (rows whose ``data_source`` names none use it); rows that
-            get a reward function must carry a ground truth.
         agent_modules: modules (dotted names or ``.py`` paths) to import before validation, so users'
             ``@register`` agents exist.
         max_prompt_length: longest prompt, in tokens of the chat-templated prompt (without the agent's tool
             schemas); None: no limit.
         overlong_prompts: ``error`` refuses the data at setup, ``skip`` drops such rows and reports the count.
         tokenizer_path: the tokenizer that measures prompts (the CLI links it to ``model.model_path``).
-        dynamic_sampling: DAPO's dynamic sampling: groups whose rewards are all equal (no gradient) are dropped,
-            and more prompts are drawn (one step's worth per round, from a stream of their own) until the step has
-            ``prompts_per_step`` informative groups or ``dynamic_max_rounds`` extra rounds are spent.
-        dynamic_max_rounds: the most extra rounds of one step.
 
     Example (YAML, under ``data:``)::
 
         train_files: data/samples/math_sample_train.jsonl
         prompts_per_step: 8
-        reward_fn: math
     """
 
     def __init__(
@@ -61,27 +53,19 @@ class AgentPromptDataModule(L.LightningDataModule):
         val_prompts_per_step: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
-        reward_fn: str | None = None,
         agent_modules: list[str] | None = None,
         max_prompt_length: int | None = None,
         overlong_prompts: Literal["error", "skip"] = "error",
         tokenizer_path: str | None = None,
-        dynamic_sampling: bool = False,
-        dynamic_max_rounds: int = 4,
     ) -> None:
         super().__init__()
-        if dynamic_max_rounds < 1:
-            raise UserInputError(f"data.dynamic_max_rounds must be >= 1, got {dynamic_max_rounds}")
-        self.dynamic_sampling, self.dynamic_max_rounds = dynamic_sampling, dynamic_max_rounds
         if prompts_per_step < 1:
             raise UserInputError(f"data.prompts_per_step must be >= 1, got {prompts_per_step}")
-        if reward_fn is not None:
-            get_reward_fn(reward_fn)  # unknown names fail here, listing the registered ones
         self.train_files = [train_files] if isinstance(train_files, str) else list(train_files)
         self.val_files = [val_files] if isinstance(val_files, str) else list(val_files or [])
         self.prompts_per_step = prompts_per_step
         self.val_prompts_per_step = val_prompts_per_step or prompts_per_step
-        self.seed, self.shuffle, self.reward_fn = seed, shuffle, reward_fn
+        self.seed, self.shuffle = seed, shuffle
         self.agent_modules = list(agent_modules or [])
         if overlong_prompts not in ("error", "skip"):
             raise UserInputError(f"data.overlong_prompts must be 'error' or 'skip', got {overlong_prompts!r}")
@@ -92,6 +76,7 @@ class AgentPromptDataModule(L.LightningDataModule):
         self.tokenizer_path = tokenizer_path
         self._train_loader: PromptBatchLoader | None = None
         self._val_loader: PromptBatchLoader | None = None
+        self._files: list[DataFile] = []  # every file loaded, its rows' places kept for the reward check
 
     def setup(self, stage: str) -> None:
         for module in self.agent_modules:
@@ -104,7 +89,7 @@ class AgentPromptDataModule(L.LightningDataModule):
             if size % world:
                 raise UserInputError(f"{name}={size} must be divisible by the number of processes ({world})")
         if stage == "fit" and self._train_loader is None:
-            rows = self._limit_prompt_length(load_and_validate(self.train_files, self.reward_fn), self.train_files)
+            rows = self._limit_prompt_length(self._load(self.train_files), self.train_files)
             if len(rows) < self.prompts_per_step:
                 raise UserInputError(
                     f"{self.train_files}: {len(rows)} rows, fewer than data.prompts_per_step={self.prompts_per_step}"
@@ -113,10 +98,20 @@ class AgentPromptDataModule(L.LightningDataModule):
                 rows, self.prompts_per_step, self.seed, self.shuffle, rank, world, "train"
             )
         if self.val_files and self._val_loader is None and stage in ("fit", "validate"):
-            rows = self._limit_prompt_length(load_and_validate(self.val_files, self.reward_fn), self.val_files)
+            rows = self._limit_prompt_length(self._load(self.val_files), self.val_files)
             self._val_loader = PromptBatchLoader(
                 rows, self.val_prompts_per_step, self.seed, False, rank, world, "val", whole_epoch=True
             )
+
+    def check_ground_truths(self, reward_fn: str | None, key: str) -> None:
+        """Refuse rows that the default reward ``reward_fn`` (set by the config key ``key``) would score without a
+        ground truth (rows whose ``data_source`` picks a reward were checked when loaded)."""
+        check_ground_truths(self._files, reward_fn, key)
+
+    def _load(self, paths: list[str]) -> list[dict[str, Any]]:
+        files = load_validated_files(paths, reward_fn=None)
+        self._files += files
+        return [row for file in files for row in file.rows]
 
     def _limit_prompt_length(self, rows: list[dict[str, Any]], files: list[str]) -> list[dict[str, Any]]:
         """Refuse or drop rows whose prompt exceeds ``max_prompt_length`` tokens (images counted as the tokens they

@@ -9,7 +9,7 @@ from typing import Any
 
 from lit_agentrl.agents.config import load_agent_cfg
 from lit_agentrl.agents.registry import get_agent_class
-from lit_agentrl.data.files import json_type, read_data_file, short
+from lit_agentrl.data.files import DataFile, json_type, read_data_file, short
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.rewards import resolve_reward_fn
 from lit_agentrl.rows import PROMPT_KEYS, row_ground_truth
@@ -178,8 +178,13 @@ def resolve_cfg_path(cfg_path: str, data_dir: Path) -> str:
 def load_and_validate(paths: Sequence[str], reward_fn: str | None) -> list[dict[str, Any]]:
     """Load every file and validate every row; one :class:`UserInputError` lists the first problems found,
     each with its file, line (or row) and field."""
+    return [row for file in load_validated_files(paths, reward_fn) for row in file.rows]
+
+
+def load_validated_files(paths: Sequence[str], reward_fn: str | None) -> list[DataFile]:
+    """:func:`load_and_validate`'s files, each row's place in its file kept (for :func:`check_ground_truths`)."""
     files = [read_data_file(path) for path in paths]
-    problems: dict[tuple[int, str], list[int]] = {}  # (file, error) -> rows, so one mistake repeated is one line
+    problems: _Problems = {}
     for f, file in enumerate(files):
         data_dir = Path(file.path).resolve().parent
         for i, row in enumerate(file.rows):
@@ -187,15 +192,34 @@ def load_and_validate(paths: Sequence[str], reward_fn: str | None) -> list[dict[
                 problems.setdefault((f, error), []).append(i)
             if row.get("agent_cfg_path") and isinstance(row["agent_cfg_path"], str):
                 row["agent_cfg_path"] = resolve_cfg_path(row["agent_cfg_path"], data_dir)
-    if problems:
-        lines = [
-            f"data file {files[f].path!r}, {files[f].where(indices)}: {error}"
-            for (f, error), indices in problems.items()
-        ]
-        shown = "\n  ".join(lines[:_MAX_ERRORS_SHOWN])
-        more = f"\n  ... and {len(lines) - _MAX_ERRORS_SHOWN} more" if len(lines) > _MAX_ERRORS_SHOWN else ""
-        raise UserInputError(f"invalid data:\n  {shown}{more}", hint=_ROW_HINT)
-    return [row for file in files for row in file.rows]
+    _raise_problems(files, problems, _ROW_HINT)
+    return files
+
+
+def check_ground_truths(files: Sequence[DataFile], reward_fn: str | None, key: str) -> None:
+    """Refuse rows that ``reward_fn`` (the default reward, set by ``key``) would score but that carry no usable ground
+    truth, naming each file, line and field."""
+    problems: _Problems = {}
+    for f, file in enumerate(files):
+        for i, row in enumerate(file.rows):
+            for error in _ground_truth_errors(row, reward_fn):
+                problems.setdefault((f, error), []).append(i)
+    _raise_problems(files, problems, f"each row scored by {key}={reward_fn!r} needs a ground truth")
+
+
+_Problems = dict[tuple[int, str], list[int]]
+"""(file, error) -> rows, so one mistake repeated is one line."""
+
+
+def _raise_problems(files: Sequence[DataFile], problems: _Problems, hint: str) -> None:
+    if not problems:
+        return
+    lines = [
+        f"data file {files[f].path!r}, {files[f].where(indices)}: {error}" for (f, error), indices in problems.items()
+    ]
+    shown = "\n  ".join(lines[:_MAX_ERRORS_SHOWN])
+    more = f"\n  ... and {len(lines) - _MAX_ERRORS_SHOWN} more" if len(lines) > _MAX_ERRORS_SHOWN else ""
+    raise UserInputError(f"invalid data:\n  {shown}{more}", hint=hint)
 
 
 def prompt_text(message: Mapping[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.engines.base import (
     EngineWrapper,
     GenerateResult,
@@ -10,7 +11,6 @@ from lit_agentrl.engines.base import (
     output_logprobs,
 )
 from lit_agentrl.engines.registry import build_engines, get_engine_class, register_engine, registered_engines
-from lit_agentrl.engines.sampling import SamplingParams
 
 __all__ = [
     "EngineWrapper",

@@ -28,13 +28,13 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
+from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.context import current_tag
 from lit_agentrl.engines.admission import request_order
 from lit_agentrl.engines.base import GenerateResult, check_named_tensors
 from lit_agentrl.engines.prefix_cache import PrefixCache
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.requests import QueuedEngine, StreamKeys, split_requests
-from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.engines.scheduler import EngineRequest, RequestImages, Scheduler
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.dtypes import torch_dtype

@@ -1,5 +1,5 @@
 """The engines' one front door: SGLang's ``generate`` arguments split into one request per prompt, each with its
-sampling parameters parsed and checked once (:class:`~lit_agentrl.engines.sampling.SamplingParams`), so every engine
+sampling parameters parsed and checked once (:class:`~lit_agentrl.config.sampling.SamplingParams`), so every engine
 refuses the same bad request with the same message, and a prompt longer than the engine's context
 (:func:`fit_context`). The transformers engines (in-process and in a process of their
 own) also key each request's sampling stream here; the SGLang engines join the requests back into SGLang's batch.
@@ -19,10 +19,10 @@ from typing import Any, cast
 
 import torch
 
+from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.context import TrajectoryTag
 from lit_agentrl.engines.base import GenerateResult, PromptTooLongError, RolloutEngine
 from lit_agentrl.engines.placement import EnginePlacement
-from lit_agentrl.engines.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

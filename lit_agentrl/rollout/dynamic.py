@@ -1,5 +1,5 @@
 """DAPO's dynamic sampling: keep only the prompt groups that carry a gradient, drawing more prompts until there are
-enough (``data.dynamic_sampling``).
+enough (``RolloutCallback.train.dynamic_sampling``).
 
 A group whose successful trajectories all got the same reward has zero advantage everywhere: training on it only
 dilutes the loss. Each round generates one more step's worth of prompts (every rank its share) until the step has

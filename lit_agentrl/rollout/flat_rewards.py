@@ -11,9 +11,9 @@ from lit_agentrl.errors import UserInputError
 
 LIKELY_CAUSES = (
     "the rows' ground truth is missing or under a field the reward function does not read (docs/data.md)",
-    "the reward function is not the one for the rows' data_source (data.reward_fn, or the agent's reward_score)",
+    "the reward function is not the one for the rows' data_source (RolloutCallback.reward, or the agent's reward_score)",
     "answers are cut off by sampling_params.max_new_tokens before they can be scored (see rollout/truncated_frac)",
-    "the task is too hard or too easy for the model at this temperature (data.dynamic_sampling drops flat groups)",
+    "the task is too hard or too easy for the model at this temperature (RolloutCallback.train.dynamic_sampling drops flat groups)",
 )
 
 

@@ -1,7 +1,7 @@
 """RolloutLoop: which rollout each step trains on, without Lightning.
 
 A step's rollout is generated at the step (sync), with extra rounds for DAPO's dynamic sampling, or taken from the
-rollouts generated ahead while earlier steps trained (:class:`~lit_agentrl.rollout.schedule.AsyncRollouts`), with
+rollouts generated ahead while earlier steps trained (:class:`~lit_agentrl.config.rollout.AsyncRollouts`), with
 the groups an earlier step left running (``ready_fraction``). The loop seeds every rollout and the engines' streams
 by where they are in the run (:mod:`lit_agentrl.rollout.seeds`), keeps the weight version (updates in the policy's
 weights) and the carried groups' place in the data, and checkpoints both.
@@ -17,13 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from lit_agentrl.engines.sampling import SamplingParams
+from lit_agentrl.config.rollout import AsyncRollouts, TrainRollouts, ValidationRollouts
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.rollout.ahead import RolloutsAhead, batch_key, split_stale
 from lit_agentrl.rollout.collective import Collective, SingleProcess
 from lit_agentrl.rollout.dynamic import dynamic_rollout
 from lit_agentrl.rollout.manager import RolloutManager, summarize
-from lit_agentrl.rollout.schedule import AsyncRollouts
 from lit_agentrl.rollout.seeds import RolloutSeeds
 from lit_agentrl.rollout.tail import Carried, GroupedRollout, take_ready
 from lit_agentrl.types import PromptBatch, RolloutBatch, Trajectory
@@ -39,9 +38,6 @@ class BatchSource(Protocol):
 
 class TrainData(Protocol):
     """What the loop reads from the data module (``AgentPromptDataModule``)."""
-
-    dynamic_sampling: bool
-    dynamic_max_rounds: int
 
     def draw_extra_train_rows(self) -> list[dict[str, Any]]: ...
 
@@ -65,8 +61,8 @@ class RolloutLoop:
     Args:
         manager: runs the agents against the engines.
         seeds: this rank's rollout and stream seeds.
-        n_samples, sampling: trajectories per training prompt, and their sampling parameters.
-        val_n_samples, val_sampling: the same for validation.
+        train: trajectories per training prompt, their sampling parameters, dynamic sampling.
+        validation: trajectories per validation prompt and their sampling parameters.
         schedule: rollouts generated ahead of training (None: each step's rollout at the step).
         collective: the other ranks (dynamic sampling's counts, the async metrics, the carried groups).
     """
@@ -75,17 +71,14 @@ class RolloutLoop:
         self,
         manager: RolloutManager,
         seeds: RolloutSeeds,
-        n_samples: int,
-        sampling: SamplingParams,
-        val_n_samples: int = 1,
-        val_sampling: SamplingParams | None = None,
+        train: TrainRollouts,
+        validation: ValidationRollouts | None = None,
         schedule: AsyncRollouts | None = None,
         collective: Collective | None = None,
     ) -> None:
         self.manager, self.seeds, self.schedule = manager, seeds, schedule
         self.collective = collective or SingleProcess()
-        self.n_samples, self.sampling = n_samples, sampling
-        self.val_n_samples, self.val_sampling = val_n_samples, val_sampling or SamplingParams()
+        self.train_settings, self.validation_settings = train, validation or ValidationRollouts()
         self.ahead = RolloutsAhead(schedule.ahead) if schedule is not None else None
         self.version = 0
         """Updates in the policy's weights: the weight version pushed into the engines (checkpointed)."""
@@ -106,7 +99,8 @@ class RolloutLoop:
                 raise UserInputError("RolloutCallback.async_rollouts needs the data module AgentPromptDataModule")
             return self._take_ahead(batch, steps_left, data.train_dataloader())
         start = time.perf_counter()
-        if data is None or not data.dynamic_sampling:
+        dynamic = self.train_settings.dynamic_sampling
+        if dynamic is None:
             batch.rollout = self._generate(batch.rows, self.seeds.rollout("train", batch))
             return StepRollout(batch.rollout, batch.rollout.trajectories, time.perf_counter() - start)
 
@@ -118,7 +112,9 @@ class RolloutLoop:
         def global_sum(value: float) -> float:
             return self.collective.reduce(value, "sum")
 
-        result = dynamic_rollout(batch.rows, generate, data.draw_extra_train_rows, global_sum, data.dynamic_max_rounds)
+        if data is None:
+            raise UserInputError("RolloutCallback.train.dynamic_sampling needs the data module AgentPromptDataModule")
+        result = dynamic_rollout(batch.rows, generate, data.draw_extra_train_rows, global_sum, dynamic.max_rounds)
         batch.rows, batch.rollout = cast("list[dict[str, Any]]", list(result.rows)), result.rollout
         metrics = {
             "rollout/dynamic_rounds": float(result.rounds),  # the same on every rank
@@ -130,7 +126,8 @@ class RolloutLoop:
         """A validation batch's rollout, attached to ``batch``."""
         self.seeds.reseed(self.manager.engines, step, f"val-{batch_idx}")
         seed = self.seeds.rollout(f"val-{step}", batch)
-        batch.rollout = self.manager.generate(batch.rows, self.val_n_samples, self.val_sampling, seed)
+        settings = self.validation_settings
+        batch.rollout = self.manager.generate(batch.rows, settings.n_samples, settings.sampling, seed)
         return batch.rollout
 
     def step_trained(self) -> None:
@@ -160,11 +157,12 @@ class RolloutLoop:
     # ------------------------------------------------------------------ asynchronous schedule
 
     def _generate(self, rows: Any, seed: int) -> RolloutBatch:
-        return self.manager.generate(rows, self.n_samples, self.sampling, seed)
+        return self.manager.generate(rows, self.train_settings.n_samples, self.train_settings.sampling, seed)
 
     def _submit(self, batch: PromptBatch) -> Any:
         send = self.manager.submit_groups if self._carries else self.manager.submit
-        return send(batch.rows, self.n_samples, self.sampling, self.seeds.rollout("train", batch))
+        settings = self.train_settings
+        return send(batch.rows, settings.n_samples, settings.sampling, self.seeds.rollout("train", batch))
 
     @property
     def _carries(self) -> bool:
@@ -212,7 +210,7 @@ class RolloutLoop:
             ),
             "rollout/carried_in": self.collective.reduce(float(step.carried_in), "sum"),
         }
-        return RolloutBatch(step.trajectories, stats, self.sampling.temperature), step.waited, metrics
+        return RolloutBatch(step.trajectories, stats, self.train_settings.sampling.temperature), step.waited, metrics
 
     def _note_carried(self, batch: PromptBatch) -> None:
         """Record which groups of ``batch`` every rank carries on, for the checkpoint (a resumed run regenerates
@@ -234,7 +232,7 @@ class RolloutLoop:
         source = loader.batch_at(state["epoch"], state["index"])
         rows = [source.rows[g] for g in groups[self.collective.rank]]
         seed = self.seeds.rollout("carried", source)
-        rollout = self.manager.submit_groups(rows, self.n_samples, self.sampling, seed)
+        rollout = self.manager.submit_groups(rows, self.train_settings.n_samples, self.train_settings.sampling, seed)
         self.carried = Carried(rollout, rows, list(range(len(rows))), batch_key(source))
 
     # ------------------------------------------------------------------ checkpoint

@@ -23,10 +23,11 @@ from typing import Any
 from lit_agentrl.agents.base import MESSAGES_FIELD, AgentGraph, AgentGraphOutput
 from lit_agentrl.agents.config import load_agent_cfg
 from lit_agentrl.agents.registry import get_agent_class
+from lit_agentrl.config.rollout import DEFAULT_TRAJECTORY_TIMEOUT_S
+from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.context import TrajectoryContext, TrajectoryTag, enter_trajectory
 from lit_agentrl.engines.admission import AdmissionGate
 from lit_agentrl.engines.base import RolloutEngine
-from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.loop_services import stop_loop_services
 from lit_agentrl.rewards import RewardFn, resolve_reward_fn
 from lit_agentrl.rollout.background import BackgroundLoop
@@ -35,8 +36,6 @@ from lit_agentrl.rollout.tail import GroupedRollout
 from lit_agentrl.rows import agent_run_kwargs
 from lit_agentrl.types import AGENT_METRICS_FIELD, RolloutBatch, RolloutStats, Trajectory
 
-DEFAULT_TRAJECTORY_TIMEOUT_S = 1800.0
-"""A trajectory's time limit unless set: one hung agent or tool must not hold a step forever (None only on purpose)."""
 DEFAULT_REWARD_WORKERS = 4
 """Reward threads per manager: enough for a few slow rewards at once, few enough to leave the event loop its turns
 (rewards are mostly pure Python and share the interpreter lock with it)."""
@@ -305,7 +304,7 @@ class RolloutManager:
         if reward_fn is None:
             raise ValueError(
                 f"no reward for agent {row.get('agent_name')!r}: it set no reward_score and no reward function "
-                f"matches data_source={row.get('data_source')!r} (set the manager's reward_fn)"
+                f"matches data_source={row.get('data_source')!r} (set RolloutCallback.reward)"
             )
         fields = {k: v for k, v in row.items() if k != "ground_truth"}
         call = functools.partial(self._timed_reward, reward_fn, output.str_output, ground_truth, fields)

@@ -15,7 +15,7 @@ from lit_agentrl.types import AGENT_METRICS_FIELD, Trajectory
 
 class RolloutMetrics(torch.nn.Module):
     """Per-step ``rollout/*`` values over every rank's trajectories (all ranks must call :meth:`compute`).
-    ``measures_drift``: whether the trajectories carry their template drift (``check_template_drift``); without it
+    ``measures_drift``: whether the trajectories carry their template drift (``RolloutCallback.health.template_drift``); without it
     ``rollout/template_drift`` is not logged, where a 0 would read as a measurement."""
 
     def __init__(self, measures_drift: bool = True) -> None:

@@ -12,16 +12,12 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.core.optimizer import LightningOptimizer
-from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
 from transformers import PreTrainedModel
@@ -39,7 +35,6 @@ from lit_agentrl.training.batching import (
     prepare_samples,
     split_mini_batches,
 )
-from lit_agentrl.training.evaluation import EvalResult, PassAtK
 from lit_agentrl.training.loading import fully_shard_layers, load_pretrained, materialize_sharded
 from lit_agentrl.training.logprobs import check_chunked_head, model_token_logprobs
 from lit_agentrl.training.lora import adapters_disabled, add_adapters
@@ -68,12 +63,9 @@ class GRPOModule(L.LightningModule):
         compute: memory against time (``lit_agentrl.config.training.Compute``).
         lora: low-rank adapters on a frozen base (``lit_agentrl.config.training.Lora``; off unless ``rank`` is set):
             only the adapters are trained, and the KL term's reference is the base with the adapters disabled.
-        val_pass_k: the k of the validation's ``pass@k``, ``maj@k`` and ``mean@k`` (logged per ``data_source`` and
-            written as a table, see ``lit_agentrl.training.evaluation``); default ``[1]``; each at most
-            ``RolloutCallback.val_n_samples`` (checked by the callback at setup).
 
     Log-probs are computed at the temperature each rollout was sampled at (``RolloutBatch.temperature``, the
-    rollout callback's ``sampling_params.temperature``): there is one temperature, the sampler's.
+    rollout callback's ``train.sampling_params.temperature``): there is one temperature, the sampler's.
     """
 
     def __init__(
@@ -84,7 +76,6 @@ class GRPOModule(L.LightningModule):
         correction: Correction | None = None,
         overlong: Overlong = Overlong(),
         compute: Compute = Compute(),
-        val_pass_k: list[int] | None = None,
         lora: Lora = Lora(),
     ) -> None:
         super().__init__()
@@ -103,10 +94,6 @@ class GRPOModule(L.LightningModule):
         self.skipped_steps = 0
         self.val_accuracy = MeanMetric()
         self.val_reward = MeanMetric()
-        self.val_pass_k = list(val_pass_k or [1])
-        if any(k < 1 for k in self.val_pass_k):
-            raise UserInputError(f"model.val_pass_k values must be >= 1, got {self.val_pass_k}")
-        self.val_eval = PassAtK(self.val_pass_k)
 
     # ------------------------------------------------------------------ model and optimizer
 
@@ -401,36 +388,6 @@ class GRPOModule(L.LightningModule):
             self.val_reward.update(rewards if ok else torch.zeros_like(rewards))
         self.log("val/accuracy", self.val_accuracy, on_epoch=True, prog_bar=True, batch_size=len(rewards))
         self.log("val/reward_mean", self.val_reward, on_epoch=True, batch_size=len(rewards))
-        self.val_eval.update(batch.rows, batch.rollout.trajectories, self._default_reward())
-
-    def on_validation_start(self) -> None:
-        self.val_eval.reset()
-
-    def on_validation_epoch_end(self) -> None:
-        result = self.val_eval.compute()  # collective: every rank's per-data_source sums, added up
-        self.val_eval.reset()
-        # Already the same on every rank; "max" keeps them exact where Lightning wants a sync at epoch level.
-        self.log_dict(result.metrics("val"), on_epoch=True, sync_dist=True, reduce_fx="max", batch_size=1)
-        if self.trainer.is_global_zero and not self.trainer.sanity_checking:
-            self._report_table(result)
-
-    def _report_table(self, result: EvalResult) -> None:
-        """Write the table under ``<log_dir>/eval/``, send it to wandb, and print it when only validating."""
-        trainer = self.trainer
-        first = trainer.loggers[0] if trainer.loggers else None
-        folder = getattr(first, "log_dir", None) or getattr(first, "save_dir", None) or trainer.default_root_dir
-        path = result.write(Path(folder) / "eval", trainer.global_step)
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.log_table("val/table", columns=result.columns, data=result.rows(), step=trainer.global_step)
-        if trainer.state.fn == TrainerFn.VALIDATING:
-            print(f"{result.markdown()}\n(table: {path})")
-        else:  # fit: one line, the metrics are in the logs
-            rank_zero_info(f"validation at step {trainer.global_step}: table {path}")
-
-    def _default_reward(self) -> str | None:
-        """The data module's default reward name (how answers of rows without a known data_source are read)."""
-        return getattr(getattr(self._trainer, "datamodule", None), "reward_fn", None)
 
     # ------------------------------------------------------------------ checkpoint
 

@@ -8,9 +8,9 @@ import asyncio
 from langchain_core.messages import HumanMessage
 
 from lit_agentrl.agents.chat_model import ChatModel
+from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.context import TrajectoryContext, enter_trajectory
 from lit_agentrl.engines.base import EngineWrapper
-from lit_agentrl.engines.sampling import SamplingParams
 
 
 class Seen(EngineWrapper):

@@ -104,4 +104,5 @@ def test_help_points_at_the_callbacks_options(capsys):
     assert code == 0 and "--trainer.callbacks.help RolloutCallback" in out
     code, out, _ = run_main(["fit", "--trainer.callbacks.help", "RolloutCallback"], capsys)
     assert code == 0
-    assert "--trainer.callbacks.n_samples" in out and "--trainer.callbacks.sampling_params" in out
+    assert "--trainer.callbacks.train.n_samples" in out and "--trainer.callbacks.train.sampling_params" in out
+    assert "--trainer.callbacks.validation.pass_k" in out and "--trainer.callbacks.health.trajectory_timeout_s" in out

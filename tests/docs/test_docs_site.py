@@ -60,6 +60,10 @@ def test_the_configuration_reference_is_generated_from_the_config_classes(site: 
         "Compute",
         "AsyncRollouts",
         "EngineSettings",
+        "TrainRollouts",
+        "ValidationRollouts",
+        "Rewards",
+        "Health",
         "RolloutCallback",
     ):
         assert re.search(rf'id="lit_agentrl\.[\w.]*\.{name}"', page), name
@@ -75,7 +79,8 @@ def test_the_readmes_example_config_parses_as_the_cli_parses_it(tmp_path: Path):
     run = parse_run(["--config", str(config), "--data.train_files", str(REPO_ROOT / settings["data"]["train_files"])])
     assert run.module.optimizer.lr == 5.0e-4 and run.module.correction is None
     (rollout,) = [c for c in run.callbacks if type(c).__name__ == "RolloutCallback"]
-    assert rollout.settings.n_samples == 8 and rollout.settings.sampling.max_new_tokens == 256
+    assert rollout.settings.train.n_samples == 8 and rollout.settings.train.sampling.max_new_tokens == 256
+    assert rollout.settings.validation.pass_k == (1,) and rollout.settings.health.trajectory_timeout_s == 1800
 
 
 def test_the_site_in_chromium(site: Path):

@@ -150,10 +150,10 @@ def test_callback_imports_engine_modules_and_builds_the_named_engine(quickstart_
     trainer, pl_module = fake_run(quickstart_model_dir)
     callback.setup(trainer, pl_module, "fit")
     try:
-        assert callback.fleet is not None and callback.loop is not None
-        (engine,) = callback.fleet.engines
+        assert callback.step is not None
+        (engine,) = callback.step.fleet.engines
         assert isinstance(engine, RecordingEngine) and engine.kwargs == {"max_running_requests": 4}
-        assert callback.loop.manager.engines == [engine]
+        assert callback.step.loop.manager.engines == [engine]
     finally:
         callback.teardown(trainer, pl_module, "fit")
 
@@ -180,7 +180,7 @@ def test_callback_loads_an_engine_module_by_path(quickstart_model_dir, tmp_path)
     trainer, pl_module = fake_run(quickstart_model_dir)
     callback.setup(trainer, pl_module, "fit")
     try:
-        assert callback.fleet is not None and type(callback.fleet.engines[0]).__name__ == "PathEngine"
+        assert callback.step is not None and type(callback.step.fleet.engines[0]).__name__ == "PathEngine"
     finally:
         callback.teardown(trainer, pl_module, "fit")
         sys.modules.pop("path_engines_for_test", None)

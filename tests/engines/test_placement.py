@@ -348,8 +348,8 @@ def test_callback_builds_a_group_client_for_a_shared_tp_engine(quickstart_model_
     trainer, pl_module = fake_trainer(), GRPOModule(str(quickstart_model_dir))
     callback.setup(trainer, pl_module, "fit")  # rank 3 of 8: the second rank of the group that rank 2 starts
     try:
-        assert callback.fleet is not None
-        (engine,) = callback.fleet.engines
+        assert callback.step is not None
+        (engine,) = callback.step.fleet.engines
         assert (engine.url, engine.owner, group_servers) == ("http://127.0.0.1:30001", False, [])
     finally:
         callback.teardown(trainer, pl_module, "fit")

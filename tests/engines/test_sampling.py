@@ -157,7 +157,7 @@ def test_a_calls_parameters_may_lower_the_length_and_add_stops_but_not_change_th
     assert run.for_call(dict(run), "test") is run  # an agent handing the run's dict back changes nothing
     call = run.for_call({"max_new_tokens": 16, "stop_token_ids": [9], "stop": "END"}, "test")
     assert (call.max_new_tokens, call.stop_token_ids, call.stop, call.temperature) == (16, (7, 9), ("END",), 0.8)
-    with caplog.at_level(logging.WARNING, logger="lit_agentrl.engines.sampling"):
+    with caplog.at_level(logging.WARNING, logger="lit_agentrl.config.sampling"):
         kept = run.for_call({"temperature": 0.2, "max_new_tokens": 512, "top_p": 0.5}, "test-caller")
         run.for_call({"temperature": 0.3}, "test-caller")
     assert kept is run  # a higher limit and another temperature or top_p are not used

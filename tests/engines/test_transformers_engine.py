@@ -9,10 +9,10 @@ import threading
 import pytest
 import torch
 
+from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.engines import get_engine_class
 from lit_agentrl.engines.base import RolloutEngine, output_logprobs
 from lit_agentrl.engines.hf import TransformersEngine
-from lit_agentrl.engines.sampling import SamplingParams
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 10, "ignore_eos": True}
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20], [30, 31, 32, 33]]

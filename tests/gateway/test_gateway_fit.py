@@ -100,7 +100,7 @@ def client_kinds_config(tmp_path) -> str:
     )
     settings["model"]["loss"] = {"sequence_rewards": "own"}
     (rollout,) = [c for c in settings["trainer"]["callbacks"] if c["class_path"].endswith("RolloutCallback")]
-    rollout["init_args"]["n_samples"] = 2
+    rollout["init_args"]["train"]["n_samples"] = 2
     path = tmp_path / "kinds.yaml"
     path.write_text(yaml.safe_dump(settings))
     return str(path)

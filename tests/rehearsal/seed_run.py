@@ -49,9 +49,9 @@ SCALE_DOWN: dict[str, Any] = {
         "mem_fraction_static": 0.05,
         "max_total_tokens": 8192,
     },
-    "rollout.n_samples": 4,  # 32
-    "rollout.sampling_params.max_new_tokens": 24,  # 2048
-    "rollout.val_sampling_params.max_new_tokens": 24,
+    "rollout.train.n_samples": 4,  # 32
+    "rollout.train.sampling_params.max_new_tokens": 24,  # 2048
+    "rollout.validation.sampling_params.max_new_tokens": 24,
     "data.prompts_per_step": 4,  # 64
     "data.val_prompts_per_step": 4,  # 512
 }

@@ -42,7 +42,10 @@ def test_the_seed_run_killed_and_resumed_through_two_validation_windows(tmp_path
     config = lay_out(work)
     shipped, rehearsed = yaml.safe_load(CONFIG_8B.read_text()), yaml.safe_load(config.read_text())
     assert rehearsed["model"] == shipped["model"] and rehearsed["seed_everything"] == shipped["seed_everything"]
-    assert rehearsed["data"]["reward_fn"] == "math" and rehearsed["model"]["loss"]["advantage_std"] == "population"
+    assert (
+        rehearsed["trainer"]["callbacks"][0]["init_args"]["reward"] == "math"
+        and rehearsed["model"]["loss"]["advantage_std"] == "population"
+    )
 
     # Fit; SIGKILL once the step-3 checkpoint is whole and the first validation window (after it) has logged.
     fit = Run(work, layout, "fit", "--config", "rehearsal.yaml")

@@ -116,7 +116,7 @@ def test_a_fit_with_a_hung_agent_an_overlong_prompt_and_a_misbehaving_program_fi
         agent_modules=[str(HERE / "faulty_agents.py")],
     )  # fmt: skip
     (rollout,) = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("RolloutCallback")]
-    rollout["init_args"]["trajectory_timeout_s"] = 5
+    rollout["init_args"]["health"] = {"trajectory_timeout_s": 5}
     path.write_text(yaml.safe_dump(config))
     with caplog.at_level(logging.WARNING, logger="lit_agentrl.rollout.health"):
         main(["fit", "--config", str(path)])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from lit_agentrl.data import PromptBatchLoader
 from lit_agentrl.rollout.dynamic import dynamic_rollout, informative_groups
 from lit_agentrl.types import RolloutBatch, RolloutStats, Trajectory
@@ -71,10 +69,3 @@ def test_the_extra_stream_is_split_across_ranks_and_resumes_exactly():
     resumed = PromptBatchLoader(rows, 4, seed=3, shuffle=True, rank=0, world_size=2, split="train")
     resumed.load_state_dict(state)
     assert [resumed.draw_extra() for _ in range(4)] == expected
-
-
-def test_bad_round_limit_names_the_key():
-    from lit_agentrl.data import AgentPromptDataModule
-
-    with pytest.raises(ValueError, match=r"data\.dynamic_max_rounds"):
-        AgentPromptDataModule(train_files="x.jsonl", dynamic_max_rounds=0)

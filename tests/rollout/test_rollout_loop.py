@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from lit_agentrl.config.rollout import AsyncRollouts, TrainRollouts
+from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.engines.hf import TransformersEngine
-from lit_agentrl.engines.sampling import SamplingParams
 from lit_agentrl.rollout.loop import RolloutLoop
 from lit_agentrl.rollout.manager import RolloutManager
-from lit_agentrl.rollout.schedule import AsyncRollouts
 from lit_agentrl.rollout.seeds import RolloutSeeds
 from lit_agentrl.types import PromptBatch
 
@@ -25,9 +25,6 @@ def rows(step: int) -> list[dict]:
 @dataclass
 class Batches:
     """A data stream of one-row batches, one epoch: what ``AgentPromptDataModule.train_dataloader()`` gives the loop."""
-
-    dynamic_sampling: bool = False
-    dynamic_max_rounds: int = 0
 
     def batch_after(self, batch: PromptBatch, ahead: int) -> PromptBatch:
         return self.batch_at(batch.epoch, batch.index + ahead)
@@ -49,7 +46,11 @@ def loop_factory(tiny_model_dir, tokenizer):
 
     def make(schedule: AsyncRollouts | None = None) -> RolloutLoop:
         manager = RolloutManager([engine], tokenizer, reward_fn="next_digit", check_template_drift=False)
-        made.append(RolloutLoop(manager, RolloutSeeds(5, 0), 2, SAMPLING, schedule=schedule))
+        made.append(
+            RolloutLoop(
+                manager, RolloutSeeds(5, 0), TrainRollouts(n_samples=2, sampling_params=SAMPLING), schedule=schedule
+            )
+        )
         return made[-1]
 
     yield make

@@ -234,11 +234,12 @@ def test_failed_trajectories_are_reported_every_step_with_each_reasons_traceback
 
 def test_a_trajectory_has_a_time_limit_unless_one_is_refused_on_purpose(engine, tokenizer):
     from lit_agentrl.callbacks import RolloutCallback
+    from lit_agentrl.config.rollout import Health
     from lit_agentrl.rollout.manager import DEFAULT_TRAJECTORY_TIMEOUT_S
 
     assert RolloutManager([engine], tokenizer).trajectory_timeout_s == DEFAULT_TRAJECTORY_TIMEOUT_S == 1800.0
-    assert RolloutCallback().settings.trajectory_timeout_s == DEFAULT_TRAJECTORY_TIMEOUT_S
-    assert RolloutCallback(trajectory_timeout_s=None).settings.trajectory_timeout_s is None
+    assert RolloutCallback().settings.health.trajectory_timeout_s == DEFAULT_TRAJECTORY_TIMEOUT_S
+    assert RolloutCallback(health=Health(trajectory_timeout_s=None)).settings.health.trajectory_timeout_s is None
 
 
 def test_template_drift_is_logged_only_where_it_is_measured():

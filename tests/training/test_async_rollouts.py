@@ -17,12 +17,10 @@ from transformers import AutoModelForCausalLM
 
 from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.cli import main
-from lit_agentrl.config.rollout import EngineSettings
-from lit_agentrl.engines.sampling import SamplingParams
+from lit_agentrl.config.rollout import AsyncRollouts, EngineSettings, TrainRollouts
 from lit_agentrl.errors import UserInputError
 from lit_agentrl.rollout.loop import RolloutLoop
 from lit_agentrl.rollout.manager import RolloutManager
-from lit_agentrl.rollout.schedule import AsyncRollouts
 from lit_agentrl.rollout.seeds import RolloutSeeds
 
 STEPS = 5
@@ -231,7 +229,9 @@ def test_async_rollouts_cannot_share_the_trainers_gpu():
 
 def test_a_checkpoints_carried_groups_are_not_dropped_silently(scripted_engine_factory, tokenizer):
     manager = RolloutManager([scripted_engine_factory([])], tokenizer)
-    loop = RolloutLoop(manager, RolloutSeeds(0, 0), 2, SamplingParams(), schedule=AsyncRollouts(ahead=1))  # no carrying
+    loop = RolloutLoop(
+        manager, RolloutSeeds(0, 0), TrainRollouts(n_samples=2), schedule=AsyncRollouts(ahead=1)
+    )  # no carry
     with pytest.warns(UserWarning, match=r"left 3 prompt group\(s\) running .* will not train them"):
         loop.load_state_dict({"trained_steps": 2, "carried": {"epoch": 0, "index": 1, "groups": [[0, 2], [1]]}})
     assert loop.version == 2

@@ -11,6 +11,7 @@ from support import quick_config, read_csv
 
 from lit_agentrl.callbacks import RolloutCallback
 from lit_agentrl.cli import main
+from lit_agentrl.config.rollout import AsyncRollouts, DynamicSampling, Health, TrainRollouts, ValidationRollouts
 from lit_agentrl.config.training import Compute, Lora, Loss, Optimizer
 from lit_agentrl.training.module import GRPOModule
 
@@ -39,7 +40,7 @@ def test_the_trainer_computes_log_probs_at_the_temperature_the_rollout_was_sampl
     ratio is 1 (the trainer at 1.0 would be off by the temperature, ratio far from 1)."""
     path = quick_config(tmp_path, quickstart_model_dir, steps=2)
     config = yaml.safe_load(path.read_text())
-    callback_args(config)["sampling_params"]["temperature"] = 0.7
+    callback_args(config)["train"]["sampling_params"]["temperature"] = 0.7
     path.write_text(yaml.safe_dump(config))
     main(["fit", "--config", str(path)])
     rows = [r for r in read_csv(next((tmp_path / "logs").rglob("metrics.csv"))) if r.get("train/ratio_mean")]
@@ -81,23 +82,44 @@ def test_tokenizer_without_chat_template(tmp_path, quickstart_model_dir, capsys)
 
 
 @pytest.mark.parametrize(
-    "kwargs, fragment",
+    "build, fragment",
     [
-        ({"sampling_params": {"top_p": 2}}, "RolloutCallback.sampling_params: top_p"),
-        ({"val_sampling_params": {"stop_regex": "x"}}, "RolloutCallback.val_sampling_params: unknown key"),
-        ({"n_samples": 0}, "n_samples"),
-        ({"sampling_params": {"temperature": 0}}, r"RolloutCallback\.sampling_params\.temperature=0: training samples"),
-        ({"sampling_params": {"n": 4}}, r"RolloutCallback\.sampling_params\.n=4: .*set n_samples for several"),
-        ({"val_sampling_params": {"n": 2}}, r"RolloutCallback\.val_sampling_params\.n=2: .*set val_n_samples"),
+        (lambda: TrainRollouts(sampling_params={"top_p": 2}), r"RolloutCallback\.train\.sampling_params: top_p"),
+        (lambda: ValidationRollouts(sampling_params={"stop_regex": "x"}), r"validation\.sampling_params: unknown key"),
+        (lambda: TrainRollouts(n_samples=0), r"RolloutCallback\.train\.n_samples must be >= 1"),
+        (lambda: TrainRollouts(sampling_params={"temperature": 0}), r"train\.sampling_params\.temperature=0: training"),
+        (
+            lambda: TrainRollouts(sampling_params={"n": 4}),
+            r"train\.sampling_params\.n=4: .*set RolloutCallback\.train\.n_s",
+        ),
+        (
+            lambda: ValidationRollouts(sampling_params={"n": 2}),
+            r"sampling_params\.n=2: .*set RolloutCallback\.validation\.n_",
+        ),
+        (
+            lambda: ValidationRollouts(n_samples=2, pass_k=(1, 4)),
+            r"validation\.pass_k=\[1, 4\] needs k <= .*n_samples=2",
+        ),
+        (lambda: ValidationRollouts(pass_k=(0,)), r"RolloutCallback\.validation\.pass_k must be .* k >= 1"),
+        (lambda: DynamicSampling(max_rounds=0), r"RolloutCallback\.train\.dynamic_sampling\.max_rounds must be >= 1"),
+        (lambda: Health(max_failed_fraction=2), r"RolloutCallback\.health\.max_failed_fraction"),
+        (lambda: Health(trajectory_timeout_s=0), r"RolloutCallback\.health\.trajectory_timeout_s"),
+        (
+            lambda: RolloutCallback(
+                train=TrainRollouts(dynamic_sampling=DynamicSampling()), async_rollouts=AsyncRollouts()
+            ),
+            r"async_rollouts does not combine with train\.dynamic_sampling",
+        ),
     ],
 )
-def test_bad_callback_arguments(kwargs, fragment):
+def test_bad_callback_arguments_name_their_key(build, fragment):
     with pytest.raises(ValueError, match=fragment):
-        RolloutCallback(**kwargs)
+        build()
 
 
 def test_validation_may_decode_greedily():
-    assert RolloutCallback(val_sampling_params={"temperature": 0}).settings.val_sampling.temperature == 0
+    validation = ValidationRollouts(sampling_params={"temperature": 0})
+    assert RolloutCallback(validation=validation).settings.validation.sampling.temperature == 0
 
 
 @pytest.mark.parametrize(
@@ -107,7 +129,6 @@ def test_validation_may_decode_greedily():
         (lambda: Loss(clip_ratio_low=1.5), r"model\.loss\.clip_ratio_low"),
         (lambda: Loss(aggregation="sum"), r"model\.loss\.aggregation"),
         (lambda: Compute(param_dtype="float8"), r"model\.compute\.param_dtype"),
-        (lambda: GRPOModule("unused", val_pass_k=[0]), r"model\.val_pass_k"),
         (lambda: Lora(rank=0), r"model\.lora\.rank must be >= 1"),
         (lambda: Lora(rank=8, sync="delta"), r"model\.lora\.sync"),
         (lambda: Lora(rank=8, target_modules=("q_proj", "lm_head")), r"the head and the embeddings take no adapters"),
@@ -130,5 +151,5 @@ def test_bf16_without_a_device_mesh_is_refused_not_ignored(quickstart_model_dir)
 
 def test_stop_strings_with_an_sglang_engine_are_refused_when_the_callback_is_built():
     """SGLang runs without a tokenizer here and refuses stop strings on every request: say so before any engine."""
-    with pytest.raises(ValueError, match=r"RolloutCallback\.val_sampling_params\.stop=.*skip_tokenizer_init"):
-        RolloutCallback(engine="sglang", val_sampling_params={"stop": ["\n\n"]})
+    with pytest.raises(ValueError, match=r"RolloutCallback\.validation\.sampling_params\.stop=.*skip_tokenizer_init"):
+        RolloutCallback(engine="sglang", validation=ValidationRollouts(sampling_params={"stop": ["\n\n"]}))

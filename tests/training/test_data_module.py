@@ -209,11 +209,29 @@ def test_resume_with_other_data_is_refused():
 def test_impossible_batch_configurations_fail_at_setup(tmp_path):
     with pytest.raises(ValueError, match="prompts_per_step must be >= 1"):
         AgentPromptDataModule(train_files=str(MATH_SAMPLE_TRAIN), prompts_per_step=0)
-    with pytest.raises(KeyError, match="unknown reward 'nope'"):
-        AgentPromptDataModule(train_files=str(MATH_SAMPLE_TRAIN), reward_fn="nope")
-    module = AgentPromptDataModule(train_files=str(MATH_SAMPLE_TRAIN), prompts_per_step=64, reward_fn="math")
+    module = AgentPromptDataModule(train_files=str(MATH_SAMPLE_TRAIN), prompts_per_step=64)
     with pytest.raises(ValueError, match=re.escape("24 rows, fewer than data.prompts_per_step=64")):
         module.setup("fit")
+
+
+def test_the_rollout_s_default_reward_is_checked_against_the_rows_at_setup(tmp_path):
+    """RolloutCallback.reward.fn scores rows whose data_source names no reward: an unknown name, or such a row without
+    a ground truth, is refused when the callback is set up, naming the key, the file and the line."""
+    from lit_agentrl.callbacks.rollout_checks import check_reward
+    from lit_agentrl.config.rollout import Rewards
+
+    unscored = {k: v for k, v in GOOD.items() if k not in ("data_source", "reward_model")}
+    path = write_jsonl(tmp_path / "train.jsonl", [GOOD, unscored, GOOD])
+    module = AgentPromptDataModule(train_files=str(path), prompts_per_step=1)
+    module.setup("fit")  # no default reward yet: the second row is scored by none, and loads
+    check_reward(Rewards(fn=None), module)
+    with pytest.raises(ValueError, match=r"RolloutCallback\.reward\.fn: .*unknown reward 'nope'"):
+        check_reward(Rewards(fn="nope"), module)
+    with pytest.raises(
+        ValueError, match=r"train\.jsonl', line 2: field 'reward_model\.ground_truth' .* is missing"
+    ) as err:
+        check_reward(Rewards(fn="math"), module)
+    assert "RolloutCallback.reward.fn='math'" in str(err.value)
 
 
 @pytest.mark.parametrize("truth", ["}{", "\\sqrt{", "???"])
@@ -229,7 +247,6 @@ def test_overlong_prompts_are_refused_or_skipped_and_counted(tmp_path, tiny_mode
     refuse = AgentPromptDataModule(
         train_files=str(path),
         prompts_per_step=2,
-        reward_fn="math",
         max_prompt_length=64,
         tokenizer_path=str(tiny_model_dir),
     )
@@ -238,7 +255,6 @@ def test_overlong_prompts_are_refused_or_skipped_and_counted(tmp_path, tiny_mode
     skip = AgentPromptDataModule(
         train_files=str(path),
         prompts_per_step=2,
-        reward_fn="math",
         max_prompt_length=64,
         overlong_prompts="skip",
         tokenizer_path=str(tiny_model_dir),

@@ -131,7 +131,7 @@ def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quick
         deterministic = {"deterministic": True}
         config = quick_config(folder, quickstart_model_dir, steps, callbacks, n_samples=8, engine_kwargs=deterministic)
         settings = yaml.safe_load(config.read_text())
-        settings["data"]["dynamic_sampling"] = dynamic_sampling
+        settings["trainer"]["callbacks"][0]["init_args"]["train"]["dynamic_sampling"] = {} if dynamic_sampling else None
         # An entropy bonus gives every step a gradient, whatever its rewards: a tiny random model may earn none in
         # 4 steps, and then the equality below would hold trivially.
         settings["model"]["loss"] = {"entropy_coef": 0.01}

@@ -16,11 +16,9 @@ import torch.multiprocessing as mp
 import yaml
 from support import REPO_ROOT, free_port, quick_config, read_csv
 
-from lit_agentrl.callbacks import RolloutCallback
-from lit_agentrl.callbacks.rollout_checks import check_module
+from lit_agentrl.callbacks.validation_report import report_table
 from lit_agentrl.data import PromptBatchLoader
-from lit_agentrl.errors import UserInputError
-from lit_agentrl.training.evaluation import (
+from lit_agentrl.rollout.evaluation import (
     PassAtK,
     extract_answer,
     extractor_name,
@@ -29,7 +27,6 @@ from lit_agentrl.training.evaluation import (
     merge,
     pass_at_k,
 )
-from lit_agentrl.training.module import GRPOModule
 from lit_agentrl.types import Trajectory
 
 # ---------------------------------------------------------------------------------------------- estimators
@@ -221,18 +218,6 @@ def test_two_ranks_reduce_sums_not_means(tmp_path):
     assert got[0]["val/pass@1"] == pytest.approx((0.5 + 0.25 + 0.25 + 0.5) / 4)
 
 
-# ---------------------------------------------------------------------------------------------- options
-
-
-def test_k_above_val_n_samples_is_refused():
-    module = GRPOModule("unused", val_pass_k=[1, 4])
-    with pytest.raises(UserInputError, match=r"model.val_pass_k=\[1, 4\].*RolloutCallback.val_n_samples=2"):
-        RolloutCallback(val_n_samples=2).setup(None, module, "validate")  # type: ignore[arg-type]  # before any engine
-    check_module(module, val_n_samples=4)
-    with pytest.raises(UserInputError, match=r"model\.val_pass_k values must be >= 1"):
-        GRPOModule("unused", val_pass_k=[0])
-
-
 # ---------------------------------------------------------------------------------------------- end to end
 
 
@@ -240,15 +225,19 @@ def test_k_above_val_n_samples_is_refused():
 def test_validate_writes_pass_at_k_for_every_row(tmp_path, quickstart_model_dir, capsys):
     rows = [json.loads(line) for line in (REPO_ROOT / "data/quickstart/val.jsonl").read_text().splitlines()]
     for row in rows[:3]:
-        del row["data_source"]  # scored by data.reward_fn, counted as "unknown"
+        del row["data_source"]  # scored by RolloutCallback.reward, counted as "unknown"
     val = tmp_path / "val.jsonl"
     val.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = quick_config(tmp_path, quickstart_model_dir, steps=1)
     settings = yaml.safe_load(config.read_text())
     callback = settings["trainer"]["callbacks"][0]["init_args"]
-    callback.update(val_n_samples=4, val_sampling_params={"max_new_tokens": 4, "temperature": 1.0})
-    settings["model"]["val_pass_k"] = [1, 4]
-    settings["data"].update(val_files=str(val), reward_fn="next_digit", val_prompts_per_step=4)  # a partial batch
+    callback["validation"] = {
+        "n_samples": 4,
+        "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
+        "pass_k": [1, 4],
+    }
+    callback["reward"] = "next_digit"
+    settings["data"].update(val_files=str(val), val_prompts_per_step=4)  # a partial batch
     config.write_text(yaml.safe_dump(settings))
     from lit_agentrl.cli import main
 
@@ -277,11 +266,10 @@ def test_the_table_goes_to_the_log_dir_to_wandb_and_to_stdout_when_validating(tm
     metric = PassAtK([1])
     metric.update(ROWS, batch_trajectories())
     wandb = MagicMock(spec=WandbLogger, log_dir=None, save_dir=str(tmp_path / "wandb"))
-    module = GRPOModule("unused")
-    module._trainer = SimpleNamespace(
+    trainer = SimpleNamespace(
         loggers=[wandb], default_root_dir=str(tmp_path), global_step=7, state=SimpleNamespace(fn=TrainerFn.VALIDATING)
     )
-    module._report_table(metric.compute())
+    report_table(trainer, metric.compute())
     assert (tmp_path / "wandb" / "eval" / "step_000007.md").is_file()
     (call,) = wandb.log_table.call_args_list
     assert call.args[0] == "val/table" and call.kwargs["step"] == 7
