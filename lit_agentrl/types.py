@@ -56,7 +56,10 @@ class Trajectory:
     """[R] engine log-probs of all_token_ids[P:], 0.0 where loss_mask is 0."""
     reward: float = 0.0
     advantage: float | None = None
-    """The advantage the loss used, set when the step prepares its samples (None: failed or not trained)."""
+    """The advantage the loss used, set when the step prepares its samples (None: failed or not trained); with a
+    turn-level ``model.loss.advantage``, its first turn's."""
+    turn_advantages: list[float] | None = None
+    """Each model turn's advantage, with a turn-level ``model.loss.advantage`` (None otherwise)."""
     num_turns: int = 0
     num_model_turns: int = 0
     num_tool_calls: int = 0

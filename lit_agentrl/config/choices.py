@@ -14,6 +14,13 @@ SEQUENCE_REWARDS = ("shared", "own")
 member of its group, and each of its sequences gets its advantage; ``own``: each sequence is a member, scored by the
 reward the agent gave it (``TokenSequence.reward``), else by the trajectory's."""
 
+ADVANTAGES = ("grpo", "gigpo", "turn_returns")
+"""``model.loss.advantage``: how a trajectory's rewards become the advantages of its tokens
+(``lit_agentrl.training.advantage_estimators.ESTIMATORS`` holds each one's function). ``grpo``: every token gets its
+trajectory's group-normalised reward; ``gigpo``: GiGPO's episode plus step advantage, a step's group being the turns of
+the prompt's trajectories generated from the same context; ``turn_returns``: each turn's discounted reward-to-go,
+baselined per turn index."""
+
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 """``model.loss.aggregation``: how token losses become one loss (``lit_agentrl.training.losses.AGGREGATIONS`` holds
 each one's function)."""

@@ -102,6 +102,12 @@ class Loss:
             tokens', which needs ``aggregation: seq-mean-token-mean``, GSPO's mean over sequences).
         advantage_std: what a group's centred rewards are divided by: ``sample`` (the unbiased n - 1 std, as TRL,
             verl and OpenRLHF do), ``population`` (the n std, as ChatLearn does) or ``none`` (Dr. GRPO).
+        advantage: the estimator, per model turn (the configuration page gives each formula): ``grpo`` (every turn
+            its trajectory's group-normalised reward), ``gigpo`` (GiGPO: plus ``step_weight`` times a step
+            advantage among the group's turns generated from the same context) or ``turn_returns`` (each turn's
+            discounted reward-to-go, baselined per turn index).
+        gamma: the discount per turn of ``gigpo`` and ``turn_returns`` (GiGPO's paper: 0.95).
+        step_weight: GiGPO's omega, the weight of its step advantage (the paper's 1.0).
         sequence_rewards: how a trajectory whose model calls formed several token sequences is scored: ``shared``
             (each sequence gets the trajectory's advantage) or ``own`` (each sequence is a member of its group,
             scored by the reward the agent gave it, else the trajectory's).
@@ -118,6 +124,9 @@ class Loss:
     norm_length: int | None = None
     policy_ratio: Literal["token", "sequence"] = "token"
     advantage_std: Literal["sample", "population", "none"] = "sample"
+    advantage: str = "grpo"
+    gamma: float = 1.0
+    step_weight: float = 1.0
     sequence_rewards: Literal["shared", "own"] = "shared"
     old_logprobs: Literal["engine", "trainer"] = "engine"
 
@@ -149,6 +158,19 @@ class Loss:
                     "by its length)",
                 ),
                 _one_of("model.loss.advantage_std", self.advantage_std, ADVANTAGE_STDS),
+                _one_of("model.loss.advantage", self.advantage, choices.ADVANTAGES),
+                (0.0 <= self.gamma <= 1.0, f"model.loss.gamma must be in [0, 1], got {self.gamma}"),
+                (self.step_weight >= 0, f"model.loss.step_weight must be >= 0, got {self.step_weight}"),
+                (
+                    self.policy_ratio != "sequence" or self.advantage == "grpo",
+                    f"model.loss.policy_ratio: sequence (GSPO) clips one ratio per sequence against one advantage; "
+                    f"model.loss.advantage: {self.advantage} gives each turn its own: use advantage: grpo with it",
+                ),
+                (
+                    self.sequence_rewards != "own" or self.advantage == "grpo",
+                    f"model.loss.sequence_rewards: own scores sequences apart, and model.loss.advantage: "
+                    f"{self.advantage} credits the turns of one sequence: use one of them",
+                ),
                 _one_of("model.loss.sequence_rewards", self.sequence_rewards, SEQUENCE_REWARDS),
                 _one_of("model.loss.old_logprobs", self.old_logprobs, OLD_LOGPROBS),
             ]

@@ -11,7 +11,9 @@ import torch
 from lit_agentrl.config.choices import SEQUENCE_REWARDS
 from lit_agentrl.config.training import Overlong
 from lit_agentrl.models.processors import mrope_position_ids
+from lit_agentrl.training.advantage_estimators import AdvantageParams
 from lit_agentrl.training.losses import grpo_advantages
+from lit_agentrl.training.turn_advantages import turn_advantages
 from lit_agentrl.types import TokenSequence, Trajectory
 
 
@@ -28,7 +30,8 @@ class TrainingSample:
     targets: list[int]
     loss_mask: list[int]
     old_logprobs: list[float]
-    advantage: float
+    advantage: float | list[float]
+    """The sequence's advantage, or each target's (a turn-level ``model.loss.advantage``)."""
     rollout_logprobs: list[float] | None = None
     multi_modal_inputs: dict[str, Any] | None = None
     """A vision-language trajectory's images (``pixel_values``, ``image_grid_thw``); None for text."""
@@ -42,6 +45,8 @@ class PreparedSamples(NamedTuple):
     num_groups: int
     num_flat_groups: int
     num_failed: int
+    step_group_sizes: list[int] | None = None
+    """With a turn-level ``model.loss.advantage``: GiGPO's step groups' sizes (see :mod:`turn_advantages`)."""
 
 
 def prepare_samples(
@@ -50,6 +55,9 @@ def prepare_samples(
     need_rollout_logprobs: bool = True,
     overlong: Overlong | None = None,
     sequence_rewards: str = "shared",
+    advantage: str = "grpo",
+    gamma: float = 1.0,
+    step_weight: float = 1.0,
 ) -> PreparedSamples:
     """Advantages over each prompt group's successful trajectories; failed ones are left out entirely.
 
@@ -58,6 +66,8 @@ def prepare_samples(
     ``advantage_std`` is :data:`~lit_agentrl.config.choices.ADVANTAGE_STDS`'s. ``overlong`` says what truncated trajectories
     get (see :class:`Overlong`; default: trained as they are). Every token sequence of a trajectory becomes a
     sample; ``sequence_rewards`` (:data:`SEQUENCE_REWARDS`) says how a trajectory of several sequences is scored.
+    ``advantage`` other than ``grpo`` gives each model turn its own advantage (:mod:`turn_advantages`, with the
+    discount ``gamma`` and GiGPO's ``step_weight``), for trajectories of one token sequence.
     """
     if sequence_rewards not in SEQUENCE_REWARDS:
         raise ValueError(
@@ -79,6 +89,9 @@ def prepare_samples(
         )
     if not ok:
         return PreparedSamples([], 0, 0, len(trajectories))
+    if advantage != "grpo":
+        params = AdvantageParams(std=advantage_std, gamma=gamma, step_weight=step_weight)
+        return _turn_level_samples(ok, len(trajectories) - len(ok), overlong, advantage, params)
     # The members of each group's statistics: a trajectory (shared: all its sequences get its advantage) or, with
     # ``own``, each of its sequences, scored by its own reward when it has one. The first member of a trajectory
     # holds its main sequence.
@@ -109,11 +122,34 @@ def prepare_samples(
     return PreparedSamples(samples, adv.num_groups, adv.num_flat_groups, len(trajectories) - len(ok))
 
 
+def _turn_level_samples(
+    ok: list[Trajectory], num_failed: int, overlong: Overlong, advantage: str, params: AdvantageParams
+) -> PreparedSamples:
+    """Samples whose tokens carry their turn's advantage (trajectories of one token sequence each)."""
+    several = sorted({t.agent_name for t in ok if t.other_sequences})
+    if several:
+        raise ValueError(
+            f"agent(s) {several} returned trajectories of several token sequences, whose turns have no one order for "
+            f"model.loss.advantage: {advantage} to credit: use model.loss.advantage: grpo with such agents"
+        )
+    outcomes = [t.reward + overlong.penalty(t.num_generated_tokens) for t in ok]
+    result = turn_advantages(ok, outcomes, advantage, params)
+    samples = []
+    for t, per_token, per_turn in zip(ok, result.per_token, result.per_turn):
+        t.advantage = per_turn[0]  # the first turn's, for the trajectory log and the viewer
+        t.turn_advantages = per_turn
+        if overlong.mode == "mask" and t.truncated:
+            continue
+        samples.append(_shift(t.sequences[0], per_token, t.multi_modal_inputs))
+    groups = len({t.group for t in ok})
+    return PreparedSamples(samples, groups, result.num_flat_groups, num_failed, result.step_group_sizes)
+
+
 def _member_reward(t: Trajectory, sequence: TokenSequence) -> float:
     return t.reward if sequence.reward is None else sequence.reward
 
 
-def _shift(sequence: TokenSequence, advantage: float, images: dict[str, Any] | None) -> TrainingSample:
+def _shift(sequence: TokenSequence, advantage: float | list[float], images: dict[str, Any] | None) -> TrainingSample:
     ids, p, logprobs = sequence.all_token_ids, len(sequence.prompt_ids), sequence.response_logprobs
     rollout = None if logprobs is None else [0.0] * (p - 1) + list(logprobs)
     return TrainingSample(
@@ -121,7 +157,7 @@ def _shift(sequence: TokenSequence, advantage: float, images: dict[str, Any] | N
         targets=ids[1:],
         loss_mask=sequence.loss_mask[1:],
         old_logprobs=list(rollout) if rollout is not None else [0.0] * (len(ids) - 1),
-        advantage=advantage,
+        advantage=advantage if isinstance(advantage, float) else advantage[1:],  # per target: position t + 1
         rollout_logprobs=rollout,
         multi_modal_inputs=images,
     )
@@ -239,7 +275,7 @@ def collate(
             positions[r, start:end] = torch.arange(len(s))
             mask[r, start:end] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old[r, start:end] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-            advantages[r, start:end] = s.advantage
+            advantages[r, start:end] = s.advantage if isinstance(s.advantage, float) else torch.tensor(s.advantage)
             if s.rollout_logprobs is not None:
                 rollout[r, start:end] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
             sequence[r, start:end] = index

@@ -1,0 +1,68 @@
+"""A turn-level estimator's advantages laid onto tokens: each model turn of a trajectory (a run of generated tokens,
+:func:`~lit_agentrl.training.turns.turn_spans`) gets its turn's advantage; prompt, tool and user tokens get none (they
+stay out of the loss by their mask)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lit_agentrl.training.advantage_estimators import ESTIMATORS, AdvantageParams, Episode, Turn, step_group_sizes
+from lit_agentrl.training.turns import turn_anchor, turn_spans
+from lit_agentrl.types import Trajectory
+
+FLAT = 1e-6
+"""A group whose every turn's advantage is at most this far from 0 gives no gradient."""
+
+
+@dataclass
+class TurnAdvantages:
+    """What ``model.loss.advantage`` gives a rollout batch's trajectories."""
+
+    per_token: list[list[float]]
+    """[P + R] per trajectory: each position of ``all_token_ids`` its turn's advantage, 0 outside model turns."""
+    per_turn: list[list[float]]
+    """Each trajectory's advantage per model turn, in order."""
+    num_flat_groups: int
+    """Prompt groups whose every turn has advantage 0 (no gradient)."""
+    step_group_sizes: list[int]
+    """GiGPO's step groups (a group's turns generated from the same context) and their sizes, for the metrics."""
+
+
+def turn_advantages(
+    trajectories: Sequence[Trajectory], outcomes: Sequence[float], estimator: str, params: AdvantageParams
+) -> TurnAdvantages:
+    """The advantages of ``estimator`` (a name of ``ESTIMATORS``) for trajectories scored ``outcomes`` (their rewards,
+    overlong penalty included), each turn's context the exact token prefix before it."""
+    spans = [turn_spans(t.loss_mask, len(t.prompt_ids)) for t in trajectories]
+    episodes = [
+        Episode(t.group, tuple(Turn(turn_anchor(t.all_token_ids, start)) for start, _ in turns), outcome)
+        for t, turns, outcome in zip(trajectories, spans, outcomes)
+    ]
+    per_turn = ESTIMATORS[estimator](episodes, params)
+    per_token = [
+        _on_tokens(len(t.all_token_ids), turns, values) for t, turns, values in zip(trajectories, spans, per_turn)
+    ]
+    return TurnAdvantages(per_token, per_turn, _flat_groups(episodes, per_turn), step_group_sizes(episodes))
+
+
+def step_group_metrics(sizes: Sequence[int]) -> dict[str, float]:
+    """``train/step_groups``: GiGPO's step groups of the batch (a group's turns generated from the same context);
+    ``train/partnered_turns``: the fraction of turns in a step group of two or more (compared with a partner)."""
+    turns = sum(sizes)
+    partnered = sum(size for size in sizes if size > 1)
+    return {"train/step_groups": float(len(sizes)), "train/partnered_turns": partnered / turns if turns else 0.0}
+
+
+def _on_tokens(length: int, spans: list[tuple[int, int]], values: list[float]) -> list[float]:
+    tokens = [0.0] * length
+    for (start, end), value in zip(spans, values):
+        tokens[start:end] = [value] * (end - start)
+    return tokens
+
+
+def _flat_groups(episodes: Sequence[Episode], per_turn: Sequence[Sequence[float]]) -> int:
+    moving: dict[int, bool] = {}
+    for episode, values in zip(episodes, per_turn):
+        moving[episode.group] = moving.get(episode.group, False) or any(abs(v) > FLAT for v in values)
+    return sum(not m for m in moving.values())

@@ -1,0 +1,104 @@
+"""``model.loss.advantage``: a turn-level estimator's advantages reach the tokens of their turns (and nothing else),
+from the trajectories as the rollout hands them over, through ``prepare_samples`` and ``collate`` to the loss."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+from support import REPO_ROOT, short_fit
+
+from lit_agentrl.config import choices
+from lit_agentrl.config.training import Loss
+from lit_agentrl.training.advantage_estimators import ESTIMATORS
+from lit_agentrl.training.batching import collate, prepare_samples
+from lit_agentrl.training.turn_advantages import step_group_metrics
+from lit_agentrl.types import TokenSequence, Trajectory
+
+
+def two_turns(sample: int, first: int, second: int, reward: float) -> Trajectory:
+    """Prompt [1, 2], a model turn, a tool's answer [4, 5], a second model turn."""
+    ids = [1, 2, first, 4, 5, second]
+    return Trajectory(
+        group=0,
+        sample=sample,
+        agent_name="two_turns",
+        prompt_ids=[1, 2],
+        all_token_ids=ids,
+        loss_mask=[0, 0, 1, 0, 0, 1],
+        response_logprobs=[-0.5, 0.0, 0.0, -0.5],
+        reward=reward,
+    )
+
+
+def test_gigpo_gives_each_turn_its_own_advantage_on_its_tokens_only():
+    # Both first turns come from the prompt: one step group, returns 1 and 0 (A^S = +-0.5); the second turns follow
+    # different first tokens (3, 8): two step groups of one (A^S = 0). A^E = +-0.5 (rewards 1 and 0, std none).
+    won, lost = two_turns(0, 3, 6, 1.0), two_turns(1, 8, 7, 0.0)
+    prepared = prepare_samples([won, lost], "none", advantage="gigpo")
+    assert won.turn_advantages == [1.0, 0.5] and lost.turn_advantages == [-1.0, -0.5]
+    first, second = prepared.samples
+    # targets are ids[1:]: target j is position j + 1; the turns are positions 2 and 5
+    assert first.advantage == [0.0, 1.0, 0.0, 0.0, 0.5] and first.loss_mask == [0, 1, 0, 0, 1]
+    assert second.advantage == [0.0, -1.0, 0.0, 0.0, -0.5]
+    assert prepared.step_group_sizes is not None and sorted(prepared.step_group_sizes) == [1, 1, 2]
+    assert step_group_metrics(prepared.step_group_sizes) == {"train/step_groups": 3.0, "train/partnered_turns": 0.5}
+    batch = collate([[first], [second]], pad_id=0)
+    assert batch.advantages.tolist() == [[0.0, 1.0, 0.0, 0.0, 0.5], [0.0, -1.0, 0.0, 0.0, -0.5]]
+
+
+def test_turn_returns_and_grpo_agree_where_the_turn_structure_adds_nothing():
+    # Rewards only at the end, gamma 1: every turn's return is the trajectory's reward, and every turn index is
+    # reached by both trajectories: turn_returns gives grpo's advantage to every turn.
+    won, lost = two_turns(0, 3, 6, 1.0), two_turns(1, 8, 7, 0.0)
+    grpo = prepare_samples([won, lost], "sample")
+    turns = prepare_samples([won, lost], "sample", advantage="turn_returns", gamma=1.0, step_weight=1.0)
+    assert [s.advantage for s in grpo.samples] == pytest.approx([0.7071, -0.7071], abs=1e-4)
+    for g, t in zip(grpo.samples, turns.samples):
+        assert isinstance(t.advantage, list) and isinstance(g.advantage, float)
+        assert [a for a, m in zip(t.advantage, t.loss_mask) if m] == pytest.approx([g.advantage] * 2)
+    assert grpo.num_flat_groups == turns.num_flat_groups == 0
+
+
+def test_a_flat_group_counts_and_failed_trajectories_stay_out():
+    a, b = two_turns(0, 3, 6, 1.0), two_turns(1, 3, 6, 1.0)  # the same play, the same reward: no signal
+    failed = Trajectory(group=0, sample=2, agent_name="two_turns", failed=True, failure_reason="timeout")
+    prepared = prepare_samples([a, b, failed], "sample", advantage="gigpo", gamma=1.0, step_weight=1.0)
+    assert (prepared.num_groups, prepared.num_flat_groups, prepared.num_failed) == (1, 1, 1)
+    assert len(prepared.samples) == 2 and failed.turn_advantages is None
+
+
+def test_trajectories_of_several_sequences_are_refused_by_a_turn_level_estimator():
+    several = two_turns(0, 3, 6, 1.0)
+    several.other_sequences = [TokenSequence([1], [1, 9], [0, 1], [-0.1])]
+    with pytest.raises(ValueError, match=r"agent\(s\) \['two_turns'\] .* use model\.loss\.advantage: grpo"):
+        prepare_samples([several, two_turns(1, 3, 6, 0.0)], "sample", advantage="gigpo", gamma=1.0, step_weight=1.0)
+
+
+def test_the_names_agree_and_bad_settings_name_their_key():
+    assert tuple(ESTIMATORS) == choices.ADVANTAGES
+    with pytest.raises(ValueError, match=r"model\.loss\.advantage must be one of \['grpo', 'gigpo', 'turn_returns'\]"):
+        Loss(advantage="ppo")
+    with pytest.raises(ValueError, match=r"model\.loss\.gamma must be in \[0, 1\]"):
+        Loss(advantage="gigpo", gamma=1.5)
+    with pytest.raises(ValueError, match=r"policy_ratio: sequence \(GSPO\) .* use advantage: grpo"):
+        Loss(advantage="gigpo", policy_ratio="sequence", aggregation="seq-mean-token-mean")
+    with pytest.raises(ValueError, match=r"sequence_rewards: own .* model\.loss\.advantage: turn_returns"):
+        Loss(advantage="turn_returns", sequence_rewards="own")
+
+
+@pytest.mark.slow
+def test_a_multi_turn_fit_trains_with_gigpo_and_logs_its_step_groups(tmp_path, quickstart_model_dir, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)  # the config names its data and agent YAML from the project root
+    settings = yaml.safe_load((REPO_ROOT / "configs/quickstart_multiturn.yaml").read_text())
+    settings["model"]["loss"] = {"advantage": "gigpo", "gamma": 0.95}
+    config = tmp_path / "gigpo.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    rows = [r for r in short_fit(config, quickstart_model_dir, tmp_path / "logs", steps=2) if r.get("train/loss")]
+    assert len(rows) == 2
+    for row in rows:
+        # 16 prompts x 8 games of up to 3 guesses: a group's first guesses share its prompt (16 step groups of 8
+        # partners); later ones pair up only where two games guessed alike so far
+        assert 16 <= float(row["train/step_groups"]) <= 16 + 2 * 128 and float(row["train/partnered_turns"]) >= 1 / 3
+        assert math.isfinite(float(row["train/loss"])) and float(row["train/grad_norm"]) > 0
