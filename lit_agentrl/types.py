@@ -58,6 +58,9 @@ class Trajectory:
     advantage: float | None = None
     """The advantage the loss used, set when the step prepares its samples (None: failed or not trained); with a
     turn-level ``model.loss.advantage``, its first turn's."""
+    turn_rewards: list[float] | None = None
+    """Each model turn's own reward, when the agent reported them (``AgentGraphOutput.turn_rewards``); ``reward``
+    includes their sum."""
     turn_advantages: list[float] | None = None
     """Each model turn's advantage, with a turn-level ``model.loss.advantage`` (None otherwise)."""
     num_turns: int = 0

@@ -39,7 +39,12 @@ class AgentGraphOutput(BaseModel):
     response_logprobs: list[float] | None = None
     """Engine log-probs aligned with ``all_token_ids[len(prompt_ids):]`` (0.0 where ``loss_mask`` is 0)."""
     reward_score: float | None = None
-    """The agent's own reward; when None, the configured reward function scores ``str_output``."""
+    """The agent's own (outcome) reward; when None, the configured reward function scores ``str_output``."""
+    turn_rewards: list[float] | None = None
+    """A reward per model turn of the main sequence, in order (an environment's step rewards), on top of the
+    outcome: the trajectory's reward is the outcome plus their sum, and turn-level advantages
+    (``model.loss.advantage``) credit each to its turn. Their number must equal the model turns' (runs of generated
+    tokens in ``loss_mask``)."""
     num_turns: int = 0
     """Messages up to the last model turn: prompt, assistant and tool/user messages (as in the seed)."""
     extra_fields: dict[str, Any] = Field(default_factory=dict)

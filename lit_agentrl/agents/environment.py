@@ -71,17 +71,18 @@ class EnvironmentAgent(AgentGraph):
         env = type(self).environment(self.cfg)
         first = await _maybe(env.reset({**kwargs, "messages": list(messages)}))
         conversation: list[Any] = [*messages, *([HumanMessage(str(first))] if first is not None else [])]
-        total = 0.0
+        rewards: list[float] = []  # one per model turn
         for _ in range(max_turns):
             reply = await self.chatmodel.ainvoke(conversation, sampling_params=sampling_params)
             conversation.append(reply)
             observation, reward, done = _checked_step(await _maybe(env.step(str(reply.content))), self.agent_name)
-            total += reward
+            rewards.append(reward)
             if done:
                 break
             conversation.append(HumanMessage(str(observation)))
         output = self.convert_agent_graph_output(conversation)
-        output.reward_score = total
+        output.reward_score = 0.0  # the reward is the steps': each its turn's (turn_rewards), summed
+        output.turn_rewards = rewards
         if env.metrics:
             output.extra_fields[AGENT_METRICS_FIELD] = dict(env.metrics)
         return output

@@ -46,6 +46,10 @@ class AgentResult:
     """Rewards of their own for the token sequences of a trajectory whose calls formed several (see
     ``model.loss.sequence_rewards: own``), each named by a reply it holds: the response's ``id`` (its first choice)
     or ``<id>/<choice index>``. A sequence not named gets the trajectory's reward."""
+    turn_rewards: dict[str, float] = field(default_factory=dict)
+    """Rewards of the model turns of the main sequence (that of the latest reply), each named by its reply as above,
+    on top of ``reward``: the trajectory's reward is ``reward`` plus their sum, and turn-level advantages
+    (``model.loss.advantage``) credit each to its turn. A turn not named gets 0."""
 
 
 AgentFunction = Callable[[Any, dict[str, Any], Any], Awaitable["float | AgentResult | None"]]
@@ -105,6 +109,7 @@ class OpenAIClientAgent(AgentGraph):
                 "which the trajectory's reward scores: return its reward as the reward"
             )
         tokens = main.sequence()
+        turn_rewards = self._turn_rewards(session, main, result.turn_rewards) if result.turn_rewards else None
         text = main.last_reply if result.final_answer is None else result.final_answer
         return AgentGraphOutput(
             str_output=text,
@@ -113,6 +118,7 @@ class OpenAIClientAgent(AgentGraph):
             loss_mask=tokens.loss_mask,
             response_logprobs=tokens.response_logprobs,
             reward_score=result.reward,
+            turn_rewards=turn_rewards,
             num_turns=len(main.messages),
             extra_fields=extra,
             other_sequences=others,
@@ -133,6 +139,23 @@ class OpenAIClientAgent(AgentGraph):
                 f"agent {self.agent_name!r} returned {type(result).__name__}: return a number, an AgentResult or None"
             )
         return AgentResult(reward=None if result is None else float(result))
+
+    def _turn_rewards(self, session: GatewaySession, main: GatewaySample, named: dict[str, float]) -> list[float]:
+        """``AgentResult.turn_rewards`` as one reward per model turn of the main sequence (0 where not named)."""
+        rewards = [0.0] * len(main.outputs)
+        for name, reward in named.items():
+            if name not in main.reply_of:
+                elsewhere = any(name in sample.completion_ids for sample in session.samples)
+                raise ValueError(
+                    f"agent {self.agent_name!r}: turn_rewards names {name!r}, "
+                    + (
+                        "a reply of another sequence than the latest reply's (turn rewards credit the main one)"
+                        if elsewhere
+                        else f"which is no reply of this trajectory; its main sequence's are {sorted(main.reply_of)}"
+                    )
+                )
+            rewards[main.reply_of[name]] = float(reward)
+        return rewards
 
     def _sequence_rewards(self, session: GatewaySession, named: dict[str, float]) -> dict[int, float]:
         """``AgentResult.sequence_rewards`` by sample index; a name no sample holds is an error naming the known."""

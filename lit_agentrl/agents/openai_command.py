@@ -24,7 +24,7 @@ __all__ = ["COMMAND_KEY", "command_result", "resolved_command", "run_command"]
 
 COMMAND_KEY = "command"
 """The agent YAML key of ``openai_command``: the program to run per trajectory, as an argv list."""
-RESULT_KEYS = frozenset({"reward", "final_answer", "metrics", "sequence_rewards"})
+RESULT_KEYS = frozenset({"reward", "final_answer", "metrics", "sequence_rewards", "turn_rewards"})
 """The keys a program's JSON result line may hold."""
 KEPT_OUTPUT_BYTES = 1 << 20
 """The most of each of stdout and stderr kept (the end of it): a program that floods its output cannot fill memory."""
@@ -45,7 +45,7 @@ def resolved_command(command: Any) -> list[str]:
 @register_openai_agent("openai_command")
 async def run_command(client: Any, row: dict[str, Any], cfg: Any) -> AgentResult | None:
     """Run the agent YAML's ``command`` for one trajectory. Its stdout's last non-empty line is its result: a number
-    (the reward), ``null`` or a JSON object with ``reward``, ``final_answer``, ``metrics`` and ``sequence_rewards``;
+    (the reward), ``null`` or a JSON object with ``reward``, ``final_answer``, ``metrics``, ``sequence_rewards`` and ``turn_rewards``;
     with no output at all, the row's reward function scores the last reply. Any other last line, or a non-zero exit,
     fails the trajectory, quoting the line or the program's stderr."""
     command = resolved_command(cfg_get(cfg, COMMAND_KEY, None))
@@ -148,4 +148,5 @@ def _result(value: dict[str, Any]) -> AgentResult:
         final_answer=answer,
         metrics={str(k): float(v) for k, v in (value.get("metrics") or {}).items()},
         sequence_rewards={str(k): float(v) for k, v in (value.get("sequence_rewards") or {}).items()},
+        turn_rewards={str(k): float(v) for k, v in (value.get("turn_rewards") or {}).items()},
     )

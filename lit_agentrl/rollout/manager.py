@@ -34,6 +34,7 @@ from lit_agentrl.rollout.background import BackgroundLoop
 from lit_agentrl.rollout.faults import raise_reported_faults
 from lit_agentrl.rollout.tail import GroupedRollout
 from lit_agentrl.rows import agent_run_kwargs
+from lit_agentrl.turns import turn_spans
 from lit_agentrl.types import AGENT_METRICS_FIELD, RolloutBatch, RolloutStats, Trajectory
 
 DEFAULT_REWARD_WORKERS = 4
@@ -349,6 +350,8 @@ def check_output(output: AgentGraphOutput) -> None:
         )
         if sequence.reward is not None and not math.isfinite(sequence.reward):
             raise ValueError(f"{where}reward must be a finite number, got {sequence.reward}")
+    if output.turn_rewards is not None:
+        check_turn_rewards(output.turn_rewards, output.loss_mask, len(output.prompt_ids))
     metrics = output.extra_fields.get(AGENT_METRICS_FIELD, {})
     if not isinstance(metrics, Mapping) or not all(
         isinstance(k, str) and isinstance(v, (int, float)) and math.isfinite(v) for k, v in metrics.items()
@@ -356,6 +359,18 @@ def check_output(output: AgentGraphOutput) -> None:
         raise ValueError(
             f"extra_fields[{AGENT_METRICS_FIELD!r}] must map metric names to finite numbers, got {metrics!r}"
         )
+
+
+def check_turn_rewards(turn_rewards: Sequence[float], loss_mask: Sequence[int], prompt_length: int) -> None:
+    """Raise ``ValueError`` unless there is one finite turn reward per model turn of the sequence."""
+    turns = len(turn_spans(loss_mask, prompt_length))
+    if len(turn_rewards) != turns:
+        raise ValueError(
+            f"turn_rewards has {len(turn_rewards)} entries for {turns} model turns (runs of generated tokens in "
+            "loss_mask): give one per model turn, in order"
+        )
+    if not all(isinstance(r, (int, float)) and math.isfinite(r) for r in turn_rewards):
+        raise ValueError(f"turn_rewards must be finite numbers, got {list(turn_rewards)}")
 
 
 def check_sequence(
@@ -379,6 +394,7 @@ def _to_trajectory(
     output: AgentGraphOutput, group: int, sample: int, agent_name: str, reward: float, seconds: float
 ) -> Trajectory:
     extra = dict(output.extra_fields)
+    turn_rewards = None if output.turn_rewards is None else [float(r) for r in output.turn_rewards]
     return Trajectory(
         group=group,
         sample=sample,
@@ -387,7 +403,8 @@ def _to_trajectory(
         all_token_ids=output.all_token_ids,
         loss_mask=output.loss_mask,
         response_logprobs=output.response_logprobs,
-        reward=reward,
+        reward=reward + sum(turn_rewards or ()),  # the outcome and every turn's own reward
+        turn_rewards=turn_rewards,
         num_turns=output.num_turns,
         num_model_turns=int(extra.pop("num_model_turns", 0)),
         num_tool_calls=int(extra.pop("num_tool_calls", 0)),

@@ -1,7 +1,7 @@
 """Advantage estimators by name: one advantage per model turn, from the turns of a rollout batch's trajectories.
 
 An :class:`Episode` is one (non-failed) trajectory seen as its model turns: each turn's anchor (the key of the exact
-context it was generated in, :func:`~lit_agentrl.training.turns.turn_anchor`) and own reward, plus the trajectory's
+context it was generated in, :func:`~lit_agentrl.turns.turn_anchor`) and own reward, plus the trajectory's
 outcome reward, which counts as the last turn's reward. Notation below: trajectory i of a prompt group has turns
 t = 1..T_i with rewards r_t^(i) (the outcome added to r_T^(i)).
 

@@ -1,5 +1,5 @@
 """A turn-level estimator's advantages laid onto tokens: each model turn of a trajectory (a run of generated tokens,
-:func:`~lit_agentrl.training.turns.turn_spans`) gets its turn's advantage; prompt, tool and user tokens get none (they
+:func:`~lit_agentrl.turns.turn_spans`) gets its turn's advantage; prompt, tool and user tokens get none (they
 stay out of the loss by their mask)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lit_agentrl.training.advantage_estimators import ESTIMATORS, AdvantageParams, Episode, Turn, step_group_sizes
-from lit_agentrl.training.turns import turn_anchor, turn_spans
+from lit_agentrl.turns import turn_anchor, turn_spans
 from lit_agentrl.types import Trajectory
 
 FLAT = 1e-6
@@ -33,12 +33,9 @@ def turn_advantages(
     trajectories: Sequence[Trajectory], outcomes: Sequence[float], estimator: str, params: AdvantageParams
 ) -> TurnAdvantages:
     """The advantages of ``estimator`` (a name of ``ESTIMATORS``) for trajectories scored ``outcomes`` (their rewards,
-    overlong penalty included), each turn's context the exact token prefix before it."""
+    turn rewards and overlong penalty included), each turn's context the exact token prefix before it."""
     spans = [turn_spans(t.loss_mask, len(t.prompt_ids)) for t in trajectories]
-    episodes = [
-        Episode(t.group, tuple(Turn(turn_anchor(t.all_token_ids, start)) for start, _ in turns), outcome)
-        for t, turns, outcome in zip(trajectories, spans, outcomes)
-    ]
+    episodes = [_episode(t, turns, outcome) for t, turns, outcome in zip(trajectories, spans, outcomes)]
     per_turn = ESTIMATORS[estimator](episodes, params)
     per_token = [
         _on_tokens(len(t.all_token_ids), turns, values) for t, turns, values in zip(trajectories, spans, per_turn)
@@ -52,6 +49,13 @@ def step_group_metrics(sizes: Sequence[int]) -> dict[str, float]:
     turns = sum(sizes)
     partnered = sum(size for size in sizes if size > 1)
     return {"train/step_groups": float(len(sizes)), "train/partnered_turns": partnered / turns if turns else 0.0}
+
+
+def _episode(t: Trajectory, spans: list[tuple[int, int]], reward: float) -> Episode:
+    """``t`` as its turns: each turn's context and own reward; the outcome is what its reward holds beyond them."""
+    own = t.turn_rewards or [0.0] * len(spans)
+    turns = tuple(Turn(turn_anchor(t.all_token_ids, start), r) for (start, _), r in zip(spans, own, strict=True))
+    return Episode(t.group, turns, reward - sum(own))
 
 
 def _on_tokens(length: int, spans: list[tuple[int, int]], values: list[float]) -> list[float]:

@@ -54,6 +54,7 @@ def trajectory_record(
         "str_output": t.str_output,
         "reward": t.reward,
         "advantage": t.advantage,
+        "turn_rewards": t.turn_rewards,
         "turn_advantages": t.turn_advantages,
         "failed": t.failed,
         "failure_reason": t.failure_reason,

@@ -18,7 +18,7 @@ from lit_agentrl.callbacks.trajectory_log import select_trajectories
 
 DOCUMENTED_FIELDS = {
     "v", "step", "split", "rank", "batch", "group", "sample", "agent_name", "data_source", "prompt", "ground_truth",
-    "messages", "str_output", "reward", "advantage", "turn_advantages", "failed", "failure_reason", "failure_traceback",
+    "messages", "str_output", "reward", "advantage", "turn_rewards", "turn_advantages", "failed", "failure_reason", "failure_traceback",
     "prompt_tokens", "generated_tokens", "total_tokens", "num_turns", "num_model_turns", "num_tool_calls",
     "truncated", "seconds", "extra", "other_sequences", "token_ids", "tokens", "loss_mask", "logprobs",
 }  # fmt: skip

@@ -108,6 +108,11 @@ def test_result_lines(stdout, says):
         assert (result.reward if result is not None else None) == says
 
 
+def test_a_result_line_names_turn_rewards_by_reply():
+    result = command_result('{"reward": 1, "turn_rewards": {"chatcmpl-a": 0.5, "chatcmpl-b/0": -1}}')
+    assert result is not None and result.turn_rewards == {"chatcmpl-a": 0.5, "chatcmpl-b/0": -1.0}
+
+
 ASKS_ONCE = """
     import json, sys
     import openai

@@ -25,7 +25,7 @@ from lit_agentrl.training.advantage_estimators import (
     turn_returns,
 )
 from lit_agentrl.training.losses import grpo_advantages
-from lit_agentrl.training.turns import turn_anchor, turn_spans
+from lit_agentrl.turns import turn_anchor, turn_spans
 
 
 def episode(group: int, anchors: str, outcome: float, rewards: list[float] | None = None) -> Episode:

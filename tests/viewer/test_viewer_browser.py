@@ -94,3 +94,25 @@ def check_page(page, counts: dict[str, int]) -> None:
     page.check('input[name=token-mode][value="mask"]')
     page.check('input[name=token-mode][value="advantage"]')  # the screenshot's colours
     assert page.text_content("#token-legend").startswith("trained tokens: green for a positive advantage")
+
+
+def test_the_detail_shows_each_turns_reward_and_advantage(logged_run, tmp_path):
+    """A trajectory of a turn-level run (``model.loss.advantage``) lists its turns' rewards and advantages."""
+    from playwright.sync_api import sync_playwright
+
+    log = logged_run / "trajectories" / "rank0.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    lines[0] |= {"turn_rewards": [0.0, 0.5], "turn_advantages": [1.25, -0.5]}
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "view.html"
+    assert view_main([str(logged_run), "--out", str(out)]) == 0
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(out.as_uri())
+            page.locator("#list tbody tr").first.click()
+            detail = page.text_content("#detail") or ""
+            assert "turn rewards: 1: 0 · 2: 0.5" in detail and "turn advantages: 1: 1.25 · 2: -0.5" in detail
+        finally:
+            browser.close()

@@ -224,9 +224,9 @@ class Gateway:
         for index, (sample, turn) in enumerate(zip(call.starts, turns)):
             replies.append(self._record(session, sample, turn, chat.tool_choice))
             # An agent names a choice by "<id>/<index>", or the first by the response's id alone.
-            sample.completion_ids += (
-                [completion_id, f"{completion_id}/0"] if index == 0 else [f"{completion_id}/{index}"]
-            )
+            names = [completion_id, f"{completion_id}/0"] if index == 0 else [f"{completion_id}/{index}"]
+            sample.completion_ids += names
+            sample.reply_of |= dict.fromkeys(names, len(sample.outputs) - 1)
         return completion(completion_id, replies, turns, chat, self.chat_model.tokenizer)
 
     def _renderer(self, chat: ChatRequest) -> Any:

@@ -51,6 +51,8 @@ class GatewaySample:
     completion_ids: list[str] = field(default_factory=list)
     """Names of the replies whose tokens it holds: ``<response id>/<choice index>``, and the response id alone for
     a first choice (an agent gives a sample a reward of its own by one of them)."""
+    reply_of: dict[str, int] = field(default_factory=dict)
+    """Each name of :attr:`completion_ids` -> the index of its reply among :attr:`outputs` (its model turn)."""
     extending: bool = False
     """Whether a call in flight is extending it: an overlapping call that continues it takes a branch instead."""
 
