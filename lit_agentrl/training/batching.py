@@ -45,8 +45,8 @@ class PreparedSamples(NamedTuple):
     num_groups: int
     num_flat_groups: int
     num_failed: int
-    step_group_sizes: list[int] | None = None
-    """With a turn-level ``model.loss.advantage``: GiGPO's step groups' sizes (see :mod:`turn_advantages`)."""
+    turn_metrics: dict[str, float] = {}  # noqa: RUF012 (a NamedTuple's default, never mutated)
+    """With a turn-level ``model.loss.advantage``: its step groups and per-turn figures (``turn_metrics``)."""
 
 
 def prepare_samples(
@@ -142,7 +142,7 @@ def _turn_level_samples(
             continue
         samples.append(_shift(t.sequences[0], per_token, t.multi_modal_inputs))
     groups = len({t.group for t in ok})
-    return PreparedSamples(samples, groups, result.num_flat_groups, num_failed, result.step_group_sizes)
+    return PreparedSamples(samples, groups, result.num_flat_groups, num_failed, result.metrics)
 
 
 def _member_reward(t: Trajectory, sequence: TokenSequence) -> float:

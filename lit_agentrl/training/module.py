@@ -42,7 +42,6 @@ from lit_agentrl.training.losses import LossScale, TokenLogProbs
 from lit_agentrl.training.lr_schedule import lr_factor
 from lit_agentrl.training.objective import loss_scale, micro_batch_loss
 from lit_agentrl.training.policy_checks import check_data_parallel_mesh, check_packing_support
-from lit_agentrl.training.turn_advantages import step_group_metrics
 from lit_agentrl.types import PromptBatch
 
 # Lightning 2.6 warns that ModelCheckpoint(every_n_train_steps) under manual optimization saves the state after the
@@ -197,8 +196,7 @@ class GRPOModule(L.LightningModule):
         logged = {key: _combine(key, v) for key, v in stats.items()}
         maxima = {key: logged.pop(key) for key in list(logged) if key.endswith("_max")}
         logged["train/filtered_groups"] = float(prepared.num_flat_groups)
-        if prepared.step_group_sizes is not None:
-            logged |= step_group_metrics(prepared.step_group_sizes)
+        logged |= prepared.turn_metrics
         logged["train/skipped_steps"] = float(self.skipped_steps)
         logged["train/lr"] = float(self._optimizer_and_scheduler()[1].get_last_lr()[0])
         self.log_dict(logged, on_step=True, sync_dist=True, batch_size=max(1, len(prepared.samples)))

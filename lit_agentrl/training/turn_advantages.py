@@ -4,6 +4,7 @@ stay out of the loss by their mask)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,6 +12,8 @@ from lit_agentrl.training.advantage_estimators import ESTIMATORS, AdvantageParam
 from lit_agentrl.turns import turn_anchor, turn_spans
 from lit_agentrl.types import Trajectory
 
+TURNS_LOGGED = 8
+"""Turn indices with metrics of their own (an agent of many turns would otherwise log hundreds of keys)."""
 FLAT = 1e-6
 """A group whose every turn's advantage is at most this far from 0 gives no gradient."""
 
@@ -25,8 +28,8 @@ class TurnAdvantages:
     """Each trajectory's advantage per model turn, in order."""
     num_flat_groups: int
     """Prompt groups whose every turn has advantage 0 (no gradient)."""
-    step_group_sizes: list[int]
-    """GiGPO's step groups (a group's turns generated from the same context) and their sizes, for the metrics."""
+    metrics: dict[str, float]
+    """The step groups and, per turn index, the advantages' spread and the turn rewards' mean (:func:`turn_metrics`)."""
 
 
 def turn_advantages(
@@ -40,15 +43,26 @@ def turn_advantages(
     per_token = [
         _on_tokens(len(t.all_token_ids), turns, values) for t, turns, values in zip(trajectories, spans, per_turn)
     ]
-    return TurnAdvantages(per_token, per_turn, _flat_groups(episodes, per_turn), step_group_sizes(episodes))
+    metrics = turn_metrics(step_group_sizes(episodes), episodes, per_turn)
+    return TurnAdvantages(per_token, per_turn, _flat_groups(episodes, per_turn), metrics)
 
 
-def step_group_metrics(sizes: Sequence[int]) -> dict[str, float]:
+def turn_metrics(
+    sizes: Sequence[int], episodes: Sequence[Episode], per_turn: Sequence[Sequence[float]]
+) -> dict[str, float]:
     """``train/step_groups``: GiGPO's step groups of the batch (a group's turns generated from the same context);
-    ``train/partnered_turns``: the fraction of turns in a step group of two or more (compared with a partner)."""
+    ``train/partnered_turns``: the fraction of turns in a step group of two or more (compared with a partner); for
+    each of the first :data:`TURNS_LOGGED` turn indices t, ``train/turn_<t>/advantage_std`` (the advantages' spread
+    over the trajectories that reached turn t) and ``train/turn_<t>/reward_mean`` (the turns' own rewards, outcome
+    left out)."""
     turns = sum(sizes)
     partnered = sum(size for size in sizes if size > 1)
-    return {"train/step_groups": float(len(sizes)), "train/partnered_turns": partnered / turns if turns else 0.0}
+    metrics = {"train/step_groups": float(len(sizes)), "train/partnered_turns": partnered / turns if turns else 0.0}
+    for t in range(min(TURNS_LOGGED, max((len(e.turns) for e in episodes), default=0))):
+        reached = [i for i, e in enumerate(episodes) if len(e.turns) > t]
+        metrics[f"train/turn_{t + 1}/advantage_std"] = statistics.pstdev(per_turn[i][t] for i in reached)
+        metrics[f"train/turn_{t + 1}/reward_mean"] = statistics.fmean(episodes[i].turns[t].reward for i in reached)
+    return metrics
 
 
 def _episode(t: Trajectory, spans: list[tuple[int, int]], reward: float) -> Episode:

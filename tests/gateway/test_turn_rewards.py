@@ -80,9 +80,14 @@ def test_an_openai_client_names_its_turns_by_reply(scripted_engine_factory, toke
     # turn_returns credits each turn its reward-to-go: with one trajectory per group every advantage is 0, so
     # compare the per-turn returns the estimator sees through a second trajectory of the group without them
     plain = Trajectory(**{**t.__dict__, "sample": 1, "turn_rewards": None, "reward": 1.0})
-    prepare_samples([t, plain], "none", advantage="turn_returns", gamma=1.0)
+    prepared = prepare_samples([t, plain], "none", advantage="turn_returns", gamma=1.0)
     # returns: t 1.25, 0.75, 0.75 (0.5 + 0 - 0.25 + 1 = 1.25; then 0 - 0.25 + 1; then -0.25 + 1); plain 1, 1, 1
     assert t.turn_advantages == [0.125, -0.125, -0.125] and plain.turn_advantages == [-0.125, 0.125, 0.125]
+    assert prepared.turn_metrics["train/turn_1/reward_mean"] == 0.25  # (0.5 + 0) / 2: the turns' own, per index
+    assert (
+        prepared.turn_metrics["train/turn_3/reward_mean"] == -0.125
+        and "train/turn_4/reward_mean" not in prepared.turn_metrics
+    )
 
 
 def test_a_reply_the_trajectory_does_not_hold_fails_it_named(scripted_engine_factory, tokenizer):

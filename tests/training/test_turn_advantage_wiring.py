@@ -13,7 +13,6 @@ from lit_agentrl.config import choices
 from lit_agentrl.config.training import Loss
 from lit_agentrl.training.advantage_estimators import ESTIMATORS
 from lit_agentrl.training.batching import collate, prepare_samples
-from lit_agentrl.training.turn_advantages import step_group_metrics
 from lit_agentrl.types import TokenSequence, Trajectory
 
 
@@ -42,8 +41,14 @@ def test_gigpo_gives_each_turn_its_own_advantage_on_its_tokens_only():
     # targets are ids[1:]: target j is position j + 1; the turns are positions 2 and 5
     assert first.advantage == [0.0, 1.0, 0.0, 0.0, 0.5] and first.loss_mask == [0, 1, 0, 0, 1]
     assert second.advantage == [0.0, -1.0, 0.0, 0.0, -0.5]
-    assert prepared.step_group_sizes is not None and sorted(prepared.step_group_sizes) == [1, 1, 2]
-    assert step_group_metrics(prepared.step_group_sizes) == {"train/step_groups": 3.0, "train/partnered_turns": 0.5}
+    assert prepared.turn_metrics == {
+        "train/step_groups": 3.0,  # the first turns together, the second turns apart
+        "train/partnered_turns": 0.5,
+        "train/turn_1/advantage_std": 1.0,  # +-1
+        "train/turn_1/reward_mean": 0.0,  # no turn rewards: the outcome is left out
+        "train/turn_2/advantage_std": 0.5,  # +-0.5
+        "train/turn_2/reward_mean": 0.0,
+    }
     batch = collate([[first], [second]], pad_id=0)
     assert batch.advantages.tolist() == [[0.0, 1.0, 0.0, 0.0, 0.5], [0.0, -1.0, 0.0, 0.0, -0.5]]
 
