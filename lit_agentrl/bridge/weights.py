@@ -9,12 +9,20 @@ held at once is one bucket and the largest tensor as gathered.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 
 from lit_agentrl.bridge.lora import adapter_config, adapter_named_parameters, merged_named_parameters
 from lit_agentrl.config.training import Lora
 from lit_agentrl.engines.base import RolloutEngine
+
+
+class WeightSync(NamedTuple):
+    """What one push moved: the tensors gathered, and the bytes each engine received (in its dtype)."""
+
+    tensors: int
+    bytes: int
 
 
 def full_named_parameters(
@@ -56,8 +64,8 @@ def sync_weights(
     bucket_bytes: int = 512 << 20,
     weight_version: int | None = None,
     lora: Lora | None = None,
-) -> int:
-    """Copy every parameter of ``model`` into each engine; returns the number of tensors gathered.
+) -> WeightSync:
+    """Copy every parameter of ``model`` into each engine; returns the tensors gathered and the bytes sent to each.
 
     Every rank must call this (gathering is collective), with the engines it owns (none: it gathers without
     sending, as a rank whose engine another rank updates). Tensors travel in the engines' ``weight_dtype``. Each
@@ -73,7 +81,7 @@ def sync_weights(
         return gathered
     for engine in engines:
         engine.begin_weight_update()
-    gathered = 0
+    gathered = WeightSync(0, 0)
     try:
         gathered = _push_weights(model, engines, bucket_bytes, lora)
         _set_version(engines, weight_version)
@@ -92,20 +100,27 @@ def _set_version(engines: list[RolloutEngine], weight_version: int | None) -> No
             engine.weight_version = weight_version
 
 
-def _push_weights(model: torch.nn.Module, engines: list[RolloutEngine], bucket_bytes: int, lora: Lora | None) -> int:
+def _push_weights(
+    model: torch.nn.Module, engines: list[RolloutEngine], bucket_bytes: int, lora: Lora | None
+) -> WeightSync:
     dtype = push_dtype(engines)
     named = merged_named_parameters(model, dtype) if lora is not None else full_named_parameters(model, dtype)
-    gathered = 0
+    gathered = sent = 0
     for bucket in buckets(named, bucket_bytes):
         for engine in engines:
             ok, message = engine.update_weights_from_tensor(bucket, flush_cache=False)
             if not ok:
                 raise RuntimeError(f"weight sync failed after {gathered} tensors: {message}")
         gathered += len(bucket)
-    return gathered
+        sent += _nbytes(bucket)
+    return WeightSync(gathered, sent)
 
 
-def _push_adapter(model: torch.nn.Module, engines: list[RolloutEngine], lora: Lora) -> int:
+def _nbytes(tensors: list[tuple[str, torch.Tensor]]) -> int:
+    return sum(tensor.numel() * tensor.element_size() for _, tensor in tensors)
+
+
+def _push_adapter(model: torch.nn.Module, engines: list[RolloutEngine], lora: Lora) -> WeightSync:
     """The adapters alone (MBs where the weights are GBs), in one piece, in the engines' dtype: the engines serve
     them on their unchanged base (SGLang keys its prefix cache by adapter, the transformers engine clears its own)."""
     dtype = push_dtype(engines)
@@ -117,4 +132,4 @@ def _push_adapter(model: torch.nn.Module, engines: list[RolloutEngine], lora: Lo
         ok, message = engine.load_lora_adapter(tensors, config)
         if not ok:
             raise RuntimeError(f"weight sync of the LoRA adapter failed: {message}")
-    return len(tensors)
+    return WeightSync(len(tensors), _nbytes(tensors))

@@ -91,6 +91,8 @@ class EngineFleet:
         self.stale = False
         """The policy has changed since the last push (or the engines never had its weights)."""
         self.pushes = 0
+        self.pushed_bytes = 0
+        """The bytes the last push sent to each owned engine (in its dtype; 0 on a rank that owns none)."""
         if colocate:  # the trainer loads on a free GPU; the first window resumes the engines and pushes the weights
             for engine in self.owned:
                 engine.release_memory_occupation(tags=["kv_cache", "weights"])
@@ -138,7 +140,8 @@ class EngineFleet:
     def push(self, policy: torch.nn.Module, version: int) -> float:
         """Copy ``policy``'s weights into the owned engines as weight version ``version``; returns the seconds."""
         start = time.perf_counter()
-        sync_weights(policy, self.owned, self.bucket_bytes, version, self.lora)  # every rank gathers
+        pushed = sync_weights(policy, self.owned, self.bucket_bytes, version, self.lora)  # every rank gathers
+        self.pushed_bytes = pushed.bytes if self.owned else 0  # a rank whose engines another rank owns sends none
         if self.shared:  # no rank may generate from a shared engine before its owner has updated it
             self.collective.barrier("rollout_weight_sync")
         for engine in self.engines:

@@ -63,9 +63,7 @@ class RolloutStep:
         memory = PhaseMemory(device)
         memory.start()
         sync_seconds = self.sync(device, policy)
-        logged = memory.finish("sync")
-        if sync_seconds is not None:
-            logged["time/sync_s"] = sync_seconds
+        logged = memory.finish("sync") | self._pushed(sync_seconds)
         memory.start()
         busy = self.fleet.busy_seconds()
         rollout = self.loop.train(batch, step, steps_left, data)
@@ -96,15 +94,19 @@ class RolloutStep:
         self.loop.step_trained()
         self.fleet.stale = True
         if not self.colocate and self.loop.pushes_after_step:
-            seconds = self.sync(device, policy)
-            if seconds is not None:
-                logged["time/sync_s"] = seconds
+            logged |= self._pushed(self.sync(device, policy))
         return logged
 
     def validate(self, batch: PromptBatch, step: int, batch_idx: int, device: torch.device, policy: Any) -> None:
         """A validation batch's rollout onto ``batch``, on the policy's current weights."""
         self.sync(device, policy)
         self.loop.validate(batch, step, batch_idx)
+
+    def _pushed(self, seconds: float | None) -> Metrics:
+        """``time/sync_s`` and ``sync/bytes`` (to each engine this rank pushes to) of a push, if there was one."""
+        if seconds is None:
+            return {}
+        return {"time/sync_s": seconds, "sync/bytes": float(self.fleet.pushed_bytes)}
 
     def close(self) -> None:
         """Stop the rollouts and shut the engines down."""

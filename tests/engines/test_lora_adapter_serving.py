@@ -89,7 +89,7 @@ def test_the_engine_serves_the_pushed_adapter_then_its_replacement(adapter_engin
     for seed in (2, 3):  # the second push replaces the first adapter
         policy = adapted_policy(tiny_model_dir, seed)
         pushed = sync_weights(policy, [adapter_engine], lora=LORA, weight_version=seed)
-        assert pushed == 2 * policy.config.num_hidden_layers * len(LORA.target_modules)
+        assert pushed.tensors == 2 * policy.config.num_hidden_layers * len(LORA.target_modules)
         result = generate(adapter_engine)
         tokens, logprobs = greedy_with_logprobs(policy, PROMPT)
         assert result["output_ids"] == tokens != base

@@ -53,6 +53,8 @@ def test_a_step_generates_checks_and_pushes_without_a_trainer(step_and_policy):
         next(policy.parameters()).add_(0.5)
     pushed = step.after_update(CPU, policy)
     assert "time/sync_s" in pushed and step.loop.version == 1 and step.health.totals["syncs"] == 1
+    weights = sum(p.numel() * p.element_size() for p in policy.parameters())  # float32 engine, float32 policy
+    assert pushed["sync/bytes"] == weights
     (engine,) = step.fleet.engines
     assert engine.weight_version == 1 and not step.fleet.stale
 

@@ -61,7 +61,7 @@ def test_the_synced_engine_reproduces_the_policys_greedy_tokens(tiny_model_dir, 
     assert max(abs(a - b) for a, b in zip(base_logprobs, logprobs)) > 1e-2
     layers = module.policy.config.num_hidden_layers
     adapter_tensors = 2 * layers * len(lora.target_modules)
-    assert pushed == (adapter_tensors if sync == "adapter" else len(dict(engine.model.named_parameters())))
+    assert pushed.tensors == (adapter_tensors if sync == "adapter" else len(dict(engine.model.named_parameters())))
 
 
 class PlainEngine(RolloutEngine):
