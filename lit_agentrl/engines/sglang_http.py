@@ -23,6 +23,7 @@ from lit_agentrl.engines.requests import StreamKeys
 from lit_agentrl.engines.sglang_base import SGLangBase, as_pair, ipc_payloads, raise_unless, server_env
 from lit_agentrl.engines.sglang_placement import placed_group_args
 from lit_agentrl.engines.sglang_requests import warn_unseeded
+from lit_agentrl.engines.weight_files import bucket_folder, checked_weights_dir
 from lit_agentrl.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -44,7 +45,10 @@ class SGLangHTTPEngine(SGLangBase):
         owner: whether this rank pushes the weights and releases and resumes the server's memory.
         transport: ``inline``: weights travel in the request (pickled, base64), which suits small models, tests and
             remote servers; ``ipc``: GPU tensors travel as CUDA IPC handles (SGLang's flattened bucket), for a server
-            on the same node (a group's); CPU tensors still travel inline.
+            on the same node (a group's); CPU tensors still travel inline; ``disk``: each bucket is written as a
+            safetensors file under ``weights_dir`` and the server loads it (``/update_weights_from_disk``), for
+            servers on other nodes that share storage with the trainer (:mod:`lit_agentrl.engines.weight_files`).
+        weights_dir: with ``transport: disk``, the shared folder (the same path for the trainer and the servers).
         server: the server's process when this rank started it (stopped at :meth:`shutdown`).
         seed: the seed of the requests' sampling streams until the first :meth:`reseed`.
 
@@ -119,11 +123,13 @@ class SGLangHTTPEngine(SGLangBase):
         transport: str = "inline",
         server: Any = None,
         seed: int = 0,
+        weights_dir: str | None = None,
     ) -> None:
         import httpx
 
-        if transport not in ("inline", "ipc"):
-            raise UserInputError(f"engine.kwargs.transport must be 'inline' or 'ipc', got {transport!r}")
+        if transport not in ("inline", "ipc", "disk"):
+            raise UserInputError(f"engine.kwargs.transport must be 'inline', 'ipc' or 'disk', got {transport!r}")
+        self.weights_dir = checked_weights_dir(weights_dir) if transport == "disk" and owner else None
         self.url = url.rstrip("/")
         self._read_model(model_path)
         self.tp_size, self.owner, self.transport, self._server = tp_size, owner, transport, server
@@ -246,7 +252,10 @@ class SGLangHTTPEngine(SGLangBase):
 
     def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
         """One payload per tensor-parallel rank: CUDA IPC handles of a flattened bucket (``ipc``, GPU tensors), or
-        the pickled tensors themselves, base64 (``inline``)."""
+        the pickled tensors themselves, base64 (``inline``), or a file the server reads (``disk``)."""
+        if self.weights_dir is not None and load_format is None:
+            with bucket_folder(self.weights_dir, pairs) as folder:
+                return self._post("/update_weights_from_disk", {"model_path": str(folder), "flush_cache": flush_cache})
         if self.transport == "ipc" and load_format is None and pairs and pairs[0][1].is_cuda:
             payloads, ipc_format = ipc_payloads(pairs, self.tp_size)
             body = {"serialized_named_tensors": payloads, "load_format": ipc_format, "flush_cache": flush_cache}
