@@ -245,7 +245,7 @@ def _pushed(engine, policy, original):
     @contextmanager
     def pushed():
         try:
-            assert sync_weights(policy, [engine]) == len(list(policy.named_parameters()))
+            assert sync_weights(policy, [engine]).tensors == len(list(policy.named_parameters()))
             yield
         finally:
             sync_weights(original, [engine])

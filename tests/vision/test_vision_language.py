@@ -244,7 +244,7 @@ def test_gradients_reach_the_vision_tower_and_sync_includes_it(processor, vl_dir
             param.add_(0.01)
     name = "model.visual.blocks.0.mlp.down_proj.weight"
     before = vl_engine.get_weights_by_name(name)
-    assert sync_weights(policy, [vl_engine]) == len(list(policy.named_parameters()))
+    assert sync_weights(policy, [vl_engine]).tensors == len(list(policy.named_parameters()))
     after = vl_engine.get_weights_by_name(name)
     assert torch.allclose(after, dict(policy.named_parameters())[name].detach()) and not torch.equal(before, after)
 
