@@ -31,7 +31,9 @@ def test_the_folder_is_refused_unless_set_and_writable(tmp_path):
         checked_weights_dir(None)
     blocked = tmp_path / "file"
     blocked.write_text("")
-    with pytest.raises(UserInputError, match=r"weights_dir .*file/weights' is not a writable folder: .*Not a directory"):
+    with pytest.raises(
+        UserInputError, match=r"weights_dir .*file/weights' is not a writable folder: .*Not a directory"
+    ):
         checked_weights_dir(str(blocked / "weights"))
 
 
