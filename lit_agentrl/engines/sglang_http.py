@@ -23,6 +23,7 @@ from lit_agentrl.engines.requests import StreamKeys
 from lit_agentrl.engines.sglang_base import SGLangBase, as_pair, ipc_payloads, raise_unless, server_env
 from lit_agentrl.engines.sglang_placement import placed_group_args
 from lit_agentrl.engines.sglang_requests import warn_unseeded
+from lit_agentrl.engines.weight_collective import WeightGroup
 from lit_agentrl.engines.weight_files import bucket_folder, checked_weights_dir
 from lit_agentrl.errors import UserInputError
 
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from lit_agentrl.config.training import Lora
 
 log = logging.getLogger(__name__)
+
+TRANSPORTS = ("inline", "ipc", "disk", "collective")
+"""``engine.kwargs.transport`` of ``sglang_http``: how a push reaches the server (see :class:`SGLangHTTPEngine`)."""
 
 
 @register_engine("sglang_http")
@@ -47,8 +51,16 @@ class SGLangHTTPEngine(SGLangBase):
             remote servers; ``ipc``: GPU tensors travel as CUDA IPC handles (SGLang's flattened bucket), for a server
             on the same node (a group's); CPU tensors still travel inline; ``disk``: each bucket is written as a
             safetensors file under ``weights_dir`` and the server loads it (``/update_weights_from_disk``), for
-            servers on other nodes that share storage with the trainer (:mod:`lit_agentrl.engines.weight_files`).
+            servers on other nodes that share storage with the trainer (:mod:`lit_agentrl.engines.weight_files`);
+            ``collective``: the owner and the server's ranks form a process group of their own and each bucket is
+            broadcast over it (``/update_weights_from_distributed``: NCCL between GPUs, gloo on CPU;
+            :mod:`lit_agentrl.engines.weight_collective`). LoRA adapters travel inline under ``disk`` and
+            ``collective`` (SGLang 0.5.23 loads adapters from tensors or files, not over a group).
         weights_dir: with ``transport: disk``, the shared folder (the same path for the trainer and the servers).
+        collective_backend: with ``transport: collective``, ``nccl`` (GPUs) or ``gloo`` (CPUs).
+        collective_address: with ``transport: collective``, the trainer's address the server reaches its store at
+            (default: this machine's address on the route to the server).
+        collective_port: with ``transport: collective``, the store's port (default: a free one).
         server: the server's process when this rank started it (stopped at :meth:`shutdown`).
         seed: the seed of the requests' sampling streams until the first :meth:`reseed`.
 
@@ -124,13 +136,21 @@ class SGLangHTTPEngine(SGLangBase):
         server: Any = None,
         seed: int = 0,
         weights_dir: str | None = None,
+        collective_backend: str = "nccl",
+        collective_address: str | None = None,
+        collective_port: int | None = None,
     ) -> None:
         import httpx
 
-        if transport not in ("inline", "ipc", "disk"):
-            raise UserInputError(f"engine.kwargs.transport must be 'inline', 'ipc' or 'disk', got {transport!r}")
+        if transport not in TRANSPORTS:
+            raise UserInputError(f"engine.kwargs.transport must be one of {list(TRANSPORTS)}, got {transport!r}")
         self.weights_dir = checked_weights_dir(weights_dir) if transport == "disk" and owner else None
         self.url = url.rstrip("/")
+        self.weight_group: WeightGroup | None = None
+        if transport == "collective" and owner:
+            self.weight_group = WeightGroup(
+                self._post, self.url, collective_backend, tp_size, collective_address, collective_port, timeout_s
+            )
         self._read_model(model_path)
         self.tp_size, self.owner, self.transport, self._server = tp_size, owner, transport, server
         self._timeout = timeout_s
@@ -252,7 +272,10 @@ class SGLangHTTPEngine(SGLangBase):
 
     def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
         """One payload per tensor-parallel rank: CUDA IPC handles of a flattened bucket (``ipc``, GPU tensors), or
-        the pickled tensors themselves, base64 (``inline``), or a file the server reads (``disk``)."""
+        the pickled tensors themselves, base64 (``inline``), or a file the server reads (``disk``), or a broadcast
+        over the weight-update group (``collective``)."""
+        if self.weight_group is not None and load_format is None:
+            return self.weight_group.send(pairs, flush_cache)
         if self.weights_dir is not None and load_format is None:
             with bucket_folder(self.weights_dir, pairs) as folder:
                 return self._post("/update_weights_from_disk", {"model_path": str(folder), "flush_cache": flush_cache})
@@ -318,7 +341,11 @@ class SGLangHTTPEngine(SGLangBase):
         raise_unless(self._post("/resume_memory_occupation", {"tags": tags}), "resume_memory_occupation")
 
     def shutdown(self) -> None:
-        """Close the connections, and stop the server if this rank started it (else it is not ours to stop)."""
+        """Leave the weight-update group, close the connections, and stop the server if this rank started it (else
+        it is not ours to stop)."""
+        if self.weight_group is not None:
+            self.weight_group.close()
+            self.weight_group = None
         self._sync.close()
         self._async.clear()
         if self._server is not None:
