@@ -8,6 +8,7 @@ the rollout's sampling parameters (a chat model called without its own uses them
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -52,6 +53,9 @@ class TrajectoryContext:
     """The rollout's sampling parameters (``config.sampling.SamplingParams``, which reads as SGLang's dict)."""
     faults: list[str] = field(default_factory=list)
     """Faults reported in the trajectory: each fails it once its agent returns, whatever the agent caught."""
+    route_key: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """Unique to the trajectory: a router sends every call bearing it to the same server (whose prefix cache holds
+    the trajectory's earlier turns)."""
 
 
 _CURRENT: ContextVar[TrajectoryContext | None] = ContextVar("lit_agentrl_trajectory", default=None)

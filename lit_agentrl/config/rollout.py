@@ -39,9 +39,10 @@ class EngineSettings:
     Args:
         name: a registered engine: ``transformers`` or ``sglang`` (one engine per rank), ``transformers_process`` (the
             transformers engine in a process of its own), ``sglang_http`` (running SGLang servers shared by all
-            ranks; rank 0 pushes the weights), or your own (``@register_engine("name")``).
+            ranks; rank 0 pushes the weights), ``sglang_router`` (SGLang servers behind SGLang's router, each
+            trajectory's calls on one server), or your own (``@register_engine("name")``).
         kwargs: the engine's constructor arguments (e.g. ``max_running_requests``, ``dtype``, ``mem_fraction_static``;
-            ``urls`` for ``sglang_http``).
+            ``urls`` for ``sglang_http``, ``router_url`` for ``sglang_router``).
         modules: modules (dotted names or ``.py`` paths) imported at setup, before the engines are built, so the
             ``@register_engine`` of users' engines runs.
         max_inflight: most trajectories in flight against one engine.
@@ -296,7 +297,11 @@ class RolloutSettings:
                 "the step's rollout)",
                 hint="set train.dynamic_sampling: null, or drop async_rollouts",
             )
-        if self.engine.name in ("sglang", "sglang_http"):  # SGLang without a tokenizer: no stop strings
+        if self.engine.name in (
+            "sglang",
+            "sglang_http",
+            "sglang_router",
+        ):  # SGLang without a tokenizer: no stop strings
             for group in ("train", "validation"):
                 params: SamplingParams = getattr(self, group).sampling
                 params.check_without_tokenizer(self.engine.name, f"{_WHERE}.{group}.sampling_params")

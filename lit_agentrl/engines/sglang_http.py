@@ -225,11 +225,11 @@ class SGLangHTTPEngine(SGLangBase):
         tag, version = current_tag(), self.weight_version
         with self._serving_adapter(body) as adapter:
             try:
-                response = await self._client().post("/generate", json=body)
+                response = await self._client().post("/generate", json=body, headers=self._route_headers(call.rids))
             except BaseException:  # cancelled (a trajectory's timeout) or cut off: the server would compute on
                 await _finish(self.abort(call.rids))
                 raise
-        response.raise_for_status()
+        self._check_generated(response)
         result = response.json()
         if tag is not None:  # a push while the request ran continued it on newer weights (partial rollouts), unless
             # the request named an adapter: that one served all of it
@@ -239,6 +239,14 @@ class SGLangHTTPEngine(SGLangBase):
             if meta.get("output_token_logprobs") is not None:
                 meta["output_token_logprobs"] = [tuple(entry) for entry in meta["output_token_logprobs"]]
         return result
+
+    def _route_headers(self, rids: list[str]) -> dict[str, str]:
+        """Headers of a ``/generate`` request (a router's routing key; none to a server itself)."""
+        return {}
+
+    def _check_generated(self, response: Any) -> None:
+        """Raise for a ``/generate`` answer that carries no result."""
+        response.raise_for_status()
 
     def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         response = self._sync.post(path, json=body or {})

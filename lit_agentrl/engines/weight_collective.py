@@ -15,6 +15,7 @@ leaving rank 0 waiting in a broadcast nobody joins; every wait is bounded by ``t
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 import uuid
@@ -28,6 +29,8 @@ import torch
 import torch.distributed as dist
 
 from lit_agentrl.errors import UserInputError
+
+log = logging.getLogger(__name__)
 
 BACKENDS = {"gloo": "cpu", "nccl": "cuda"}
 """Backend -> the device its tensors live on (and the store prefix torch gives that device's group)."""
@@ -162,7 +165,10 @@ class WeightGroup:
         """Leave the group, and ask the server to destroy its side (else the name stays taken there)."""
         if self._group is not None:
             self._group = None
-            self._post("/destroy_weights_update_group", {"group_name": self.name})
+            try:
+                self._post("/destroy_weights_update_group", {"group_name": self.name})
+            except Exception as exc:  # a server that is gone has no group left to destroy
+                log.warning("could not ask the server to destroy the weight-update group %s: %r", self.name, exc)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     @staticmethod
