@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import csv
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +280,74 @@ def without_bubblewrap(monkeypatch: Any) -> None:
     monkeypatch.setattr(runner, "_probe_cache", {})
     monkeypatch.setattr(runner, "boundary_missing", lambda: "missing bwrap (Debian: apt-get install bubblewrap)")
     monkeypatch.setattr(execute, "_sandboxes", {})
+
+
+SMG = Path(os.environ.get("LIT_AGENTRL_SMG", Path.home() / ".cache/lit-agentrl/router-venv/bin/smg"))
+"""SGLang's router, ``smg`` (``scripts/build_router_env.sh`` installs it; CI names it in ``LIT_AGENTRL_SMG``)."""
+
+
+def require_router() -> None:
+    """Skip without SGLang's router, except in CI's SGLang run (LIT_AGENTRL_REQUIRE_SGLANG=1): there, fail."""
+    import pytest
+
+    if not SMG.exists():
+        if os.environ.get("LIT_AGENTRL_REQUIRE_SGLANG") == "1":
+            pytest.fail(f"SGLang's router is not at {SMG} (scripts/build_router_env.sh builds it)")
+        pytest.skip(f"SGLang's router is not at {SMG}; scripts/build_router_env.sh builds it")
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (a server's scheduler, a router's binary)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    for process in [*root.children(recursive=True), root]:
+        with suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGKILL)
+
+
+@contextmanager
+def sglang_server(model_dir: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """An SGLang CPU server (:func:`start_http_server`) once healthy: its URL and process, killed afterwards."""
+    from lit_agentrl.engines.sglang_group import wait_until_healthy
+
+    port = free_port()
+    process = start_http_server(model_dir, port)
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout_s=600)
+        yield f"http://127.0.0.1:{port}", process
+    finally:
+        kill_tree(process.pid) if process.poll() is None else None
+        stop_server(process)
+
+
+@contextmanager
+def smg_router(urls: list[str]) -> Iterator[str]:
+    """SGLang's router over ``urls``, as docs/engines.md launches it, ready once it lists every server as ready."""
+    import httpx
+
+    port, metrics = free_port(), free_port()
+    command = [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(metrics)]
+    command += ["--worker-urls", *urls, "--policy", "consistent_hashing", "--enable-rl", "--disable-retries"]
+    command += ["--disable-worker-overload-protection", "--health-check-interval-secs", "2"]
+    command += ["--health-failure-threshold", "2", "--remove-unhealthy-workers"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                workers = httpx.get(f"{url}/workers").json()["workers"]
+                if len(workers) == len(urls) and all(w["status"] == "ready" for w in workers):
+                    break
+            except (httpx.TransportError, ValueError, KeyError):
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"the router at {url} did not list {urls} as ready within 60 s")
+        yield url
+    finally:
+        kill_tree(process.pid)

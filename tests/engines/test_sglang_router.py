@@ -8,85 +8,19 @@ The router comes from ``scripts/build_router_env.sh`` (``LIT_AGENTRL_SMG`` names
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
-from pathlib import Path
+from contextlib import ExitStack
 
 import httpx
 import pytest
-from support import free_port, require_sglang, start_http_server, stop_server
+from support import kill_tree, require_router, require_sglang, sglang_server, smg_router
 from test_collective_transport import perturbed
 from test_disk_transport import GREEDY, PROMPT, reference
 
 from lit_agentrl.context import TrajectoryContext, enter_trajectory
 from lit_agentrl.errors import UserInputError
 
-SMG = Path(os.environ.get("LIT_AGENTRL_SMG", Path.home() / ".cache/lit-agentrl/router-venv/bin/smg"))
 LONG = {"temperature": 0.0, "max_new_tokens": 1500, "ignore_eos": True}
-
-
-def require_router() -> None:
-    if not SMG.exists():
-        if os.environ.get("LIT_AGENTRL_REQUIRE_SGLANG") == "1":
-            pytest.fail(f"SGLang's router is not at {SMG} (scripts/build_router_env.sh builds it)")
-        pytest.skip(f"SGLang's router is not at {SMG}; scripts/build_router_env.sh builds it")
-
-
-def kill_tree(pid: int) -> None:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return
-    for process in [*root.children(recursive=True), root]:
-        with suppress(psutil.NoSuchProcess):
-            process.send_signal(signal.SIGKILL)
-
-
-@contextmanager
-def server(model_dir: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    from lit_agentrl.engines.sglang_group import wait_until_healthy
-
-    port = free_port()
-    process = start_http_server(model_dir, port)
-    try:
-        wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout_s=600)
-        yield f"http://127.0.0.1:{port}", process
-    finally:
-        kill_tree(process.pid) if process.poll() is None else None
-        stop_server(process)
-
-
-@contextmanager
-def router(urls: list[str]) -> Iterator[str]:
-    """``smg`` as docs/engines.md launches it, ready once it lists every server as ready."""
-    port, metrics = free_port(), free_port()
-    command = [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(metrics)]
-    command += ["--worker-urls", *urls, "--policy", "consistent_hashing", "--enable-rl", "--disable-retries"]
-    command += ["--disable-worker-overload-protection", "--health-check-interval-secs", "2"]
-    command += ["--health-failure-threshold", "2", "--remove-unhealthy-workers"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                workers = httpx.get(f"{url}/workers").json()["workers"]
-                if len(workers) == len(urls) and all(w["status"] == "ready" for w in workers):
-                    break
-            except (httpx.TransportError, ValueError, KeyError):
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError(f"the router at {url} did not list {urls} as ready within 60 s")
-        yield url
-    finally:
-        kill_tree(process.pid)
 
 
 async def in_trajectory(engine, context: TrajectoryContext, params: dict = GREEDY) -> list[int]:
@@ -102,8 +36,8 @@ def test_sticky_routing_pushes_to_every_server_and_a_dead_server_is_named_then_d
     require_sglang()
     require_router()
     with ExitStack() as stack:
-        (url_a, process_a), (url_b, process_b) = (stack.enter_context(server(tiny_model_dir)) for _ in range(2))
-        front = stack.enter_context(router([url_a, url_b]))
+        (url_a, process_a), (url_b, process_b) = (stack.enter_context(sglang_server(tiny_model_dir)) for _ in range(2))
+        front = stack.enter_context(smg_router([url_a, url_b]))
         with pytest.raises(UserInputError, match=r"not the servers the router .* routes to"):
             SGLangRouterEngine(front, str(tiny_model_dir), urls=[url_a])
         engine = SGLangRouterEngine(front, str(tiny_model_dir), transport="collective", collective_backend="gloo")

@@ -1,0 +1,71 @@
+"""Generation on servers of its own, rehearsed on CPU as GPUs run it (issue 42): two real SGLang servers behind SGLang's
+router, two trainer ranks (FSDP2 over gloo), ``async_rollouts: {ahead: 1, partial: true}``, and the weights pushed
+over a gloo weight-update group per server, through ``lit-agentrl fit``. Afterwards every server generates as the
+trained policy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from support import REPO_ROOT, quick_config, read_csv, require_router, require_sglang, sglang_server, smg_router
+from transformers import AutoModelForCausalLM
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+PROMPT = [1, 17, 5, 9, 4, 20, 2, 5, 1, 18, 5]
+
+
+def test_two_ranks_train_one_step_ahead_of_two_servers_behind_the_router(tmp_path, quickstart_model_dir):
+    from lit_agentrl.engines.sglang_http import SGLangHTTPEngine
+
+    require_sglang()
+    require_router()
+    with ExitStack() as stack:
+        urls = [stack.enter_context(sglang_server(quickstart_model_dir))[0] for _ in range(2)]
+        front = stack.enter_context(smg_router(urls))
+        export = {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": "hf"}}
+        strategy = {
+            "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+            "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
+        }
+        path = quick_config(
+            tmp_path, quickstart_model_dir, steps=4, n_samples=8, callbacks=[export], devices=2, strategy=strategy
+        )
+        config = yaml.safe_load(path.read_text())
+        config["trainer"]["callbacks"][0]["init_args"].update(
+            engine={
+                "name": "sglang_router",
+                "kwargs": {"router_url": front, "transport": "collective", "collective_backend": "gloo"},
+            },
+            async_rollouts={"ahead": 1, "partial": True},
+        )
+        config["model"].update(loss={"old_logprobs": "trainer"}, correction={"kind": "tis"})
+        config["model"]["optimizer"] = {"lr": 0.05}  # every step moves the weights: a missed push shows
+        path.write_text(yaml.safe_dump(config))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO_ROOT)])}
+        command = [sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(path)]
+        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stderr[-4000:]
+
+        rows = [r for r in read_csv(next((tmp_path / "logs").rglob("metrics.csv"))) if r.get("rollout/reward_mean")]
+        assert len(rows) == 4 and all(float(r["rollout/failed"]) == 0 for r in rows)
+        assert all(0.0 <= float(r["rollout/staleness_mean"]) <= 1.0 for r in rows)
+        assert all(float(r["sync/bytes"]) > 0 for r in rows[1:])
+        trained = AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / "final").eval()
+        with torch.no_grad():
+            policy = trained.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False, eos_token_id=None)
+        for url in urls:  # each server holds the trained weights
+            client = SGLangHTTPEngine(url, str(quickstart_model_dir))
+            request = client.async_generate(
+                input_ids=PROMPT, sampling_params={"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
+            )
+            assert asyncio.run(request)["output_ids"] == policy[0, len(PROMPT) :].tolist(), url
+            client.shutdown()
