@@ -33,7 +33,8 @@ from lit_agentrl.config.callback_overrides import apply_item_overrides, split_it
 from lit_agentrl.config.renamed import refuse_renamed_keys
 from lit_agentrl.data import AgentPromptDataModule
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.plan import GB, PlanInputs, inputs_from_run, plan_memory, trainer_layout
+from lit_agentrl.plan import GB, REMOTE_ENGINES, PlanInputs, inputs_from_run, plan_memory, trainer_layout
+from lit_agentrl.plan_servers import plan_servers
 from lit_agentrl.training.module import GRPOModule
 
 REWARD_KEY = "rollout/reward_mean"
@@ -388,8 +389,15 @@ def plan_main(args: list[str]) -> int:
     plan = plan_memory(inputs)
     print(f"{label}: {inputs.num_params / 1e9:.2f}B parameters, {inputs.data_parallel_size} GPU(s), per GPU:")
     print(plan.table())
+    fits = plan.fits
+    if inputs.engine in REMOTE_ENGINES:  # generation on GPUs of its own: planned apart
+        servers = plan_servers(inputs)
+        count = f"{servers.servers} rollout server(s)" if servers.servers else "each rollout server"
+        print(f"\n{count}, tensor-parallel size {inputs.engine_tp_size}, per GPU:")
+        print(servers.table())
+        fits = fits and servers.fits
     sys.stdout.flush()
-    return 0 if plan.fits else 1
+    return 0 if fits else 1
 
 
 def _config_files(args: list[str]) -> list[str]:

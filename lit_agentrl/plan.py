@@ -44,6 +44,8 @@ from lit_agentrl.models.dtypes import dtype_bytes
 GB = 10**9
 SGLANG_DEFAULT_MEM_FRACTION = 0.88  # what SGLang picks on large (80 GB-class) GPUs when none is given
 COLOCATED_ENGINES = ("sglang",)
+REMOTE_ENGINES = ("sglang_http", "sglang_router")
+"""Engines whose servers run on GPUs of their own: planned apart (:mod:`lit_agentrl.plan_servers`)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class PlanInputs(ModelShapes):
     lora_params: int = 0  # the adapters' parameters, all layers (lora_parameters)
     lora_base_dtype: str = "bfloat16"  # model.lora.base_dtype: the frozen base's dtype
     lora_sync: str = "merged"  # model.lora.sync
+    rollout_servers: int = 0  # a remote engine's engine.kwargs.urls (0: not listed)
+    rollouts_ahead: int = 0  # async_rollouts.ahead
 
 
 @dataclass
@@ -314,7 +318,7 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
             f"the KV cache holds {kv_tokens:,} tokens, less than the step's worst case of {worst:,} "
             "(SGLang queues or retracts requests: slower, not out of memory)"
         )
-    if x.engine not in COLOCATED_ENGINES:
+    if x.engine not in (*COLOCATED_ENGINES, *REMOTE_ENGINES):
         warnings.append(f"engine {x.engine!r}: its memory is not modelled (only SGLang's is)")
     if not x.colocate and engine_on_gpu:
         warnings.append("colocate is false: SGLang keeps its memory during training too")
@@ -447,6 +451,8 @@ def inputs_from_run(
         # ModelCheckpoint keeps the step interval private; a checkpoint saved by epoch or time is not planned
         checkpoint_every_n_steps=getattr(checkpoint, "_every_n_train_steps", None) or None,
         checkpoints_kept=int(getattr(checkpoint, "save_top_k", -1)),
+        rollout_servers=len(engine.kwargs.get("urls") or ()),
+        rollouts_ahead=settings.async_rollouts.ahead if settings.async_rollouts is not None else 0,
         **_lora_inputs(module),
     )
 

@@ -15,6 +15,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from lit_agentrl.cli import inputs_from_config, main
 from lit_agentrl.plan import (
     GB,
+    SGLANG_DEFAULT_MEM_FRACTION,
     PlanInputs,
     model_shapes,
     outside_layers_activation_bytes_per_token,
@@ -22,6 +23,7 @@ from lit_agentrl.plan import (
 )
 
 CONFIG_8B = REPO_ROOT / "configs" / "qwen3_8b_math_agent.yaml"
+CONFIG_DISAGG = REPO_ROOT / "configs" / "qwen3_8b_math_agent_disagg.yaml"
 QWEN3_8B = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
@@ -366,3 +368,41 @@ def test_qwen3_8b_with_lora_fits_one_gpu_by_hand(qwen3_8b_dir: Path):
     assert not full.fits
     adapter_sync = plan_memory(replace(inputs, lora_sync="adapter"))
     assert adapter_sync.figures["weight push per sync (engine dtype)"] == 2 * inputs.lora_params  # 0.35 GB, not 16.4
+
+
+# ------------------------------------------------------------------------------------- generation on its own GPUs
+
+
+def test_the_disaggregated_8b_config_plans_4_trainer_gpus_and_4_servers_by_hand(
+    qwen3_8b_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+):
+    """configs/qwen3_8b_math_agent_disagg.yaml: 4 trainer ranks with no engine beside them, 4 bf16 servers at SGLang's
+    own memory fraction (the launch line leaves it to SGLang)."""
+    from lit_agentrl.plan_servers import plan_servers
+
+    config = yaml.safe_load(CONFIG_DISAGG.read_text())
+    config["model"]["model_path"] = str(qwen3_8b_dir)
+    inputs = inputs_from_config(config)
+    assert (inputs.engine, inputs.rollout_servers, inputs.rollouts_ahead) == ("sglang_router", 4, 1)
+    trainer = plan_memory(inputs)
+    assert trainer.fits and trainer.figures["SGLang weights"] == 0  # nothing of SGLang on the trainer's GPUs
+    assert trainer.phases["training"] < 80 * GB
+    p = inputs.num_params
+    servers = plan_servers(inputs)
+    assert servers.figures["SGLang weights (per GPU)"] == 2 * p  # bf16
+    kv_cache = int(SGLANG_DEFAULT_MEM_FRACTION * 80 * GB) - 2 * p
+    assert servers.figures["SGLang KV cache (per GPU)"] == kv_cache
+    assert servers.kv_capacity_tokens == kv_cache // (2 * 36 * 8 * 128 * 2)  # K and V, 36 layers, 8 heads, bf16
+    # 64 prompts x 32 samples, this step's and the one ahead, over 4 servers, of up to 1024 + 2048 tokens each
+    assert servers.tokens_per_server == 64 * 32 * 2 * (1024 + 2048) // 4
+    assert servers.push_bytes == 2 * p  # bf16 to each server: 16.4 GB
+    assert servers.push_seconds["collective"] == pytest.approx(2 * p / (25 * GB))
+    assert servers.fits
+
+    monkeypatch.chdir(REPO_ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--config", str(CONFIG_DISAGG), "--override", f"model.model_path={qwen3_8b_dir}"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "4 GPU(s)" in out and "4 rollout server(s), tensor-parallel size 1, per GPU:" in out
+    assert "weight push over collective" in out and "weight push over disk" in out

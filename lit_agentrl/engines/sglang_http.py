@@ -26,6 +26,8 @@ from lit_agentrl.engines.sglang_requests import warn_unseeded
 from lit_agentrl.engines.weight_collective import WeightGroup
 from lit_agentrl.engines.weight_files import bucket_folder, checked_weights_dir
 from lit_agentrl.errors import UserInputError
+from lit_agentrl.models.dtypes import TORCH_DTYPES
+from lit_agentrl.models.processors import model_config
 
 if TYPE_CHECKING:
     from lit_agentrl.config.training import Lora
@@ -159,6 +161,20 @@ class SGLangHTTPEngine(SGLangBase):
         self.streams = StreamKeys(seed)
         self._context_length: int | None = None
         self._facts_read = False  # the server's context length and seeding, read once
+        self._model_path = model_path
+        self._weight_dtype: torch.dtype | None = None
+
+    @property
+    def weight_dtype(self) -> torch.dtype | None:  # type: ignore[override]
+        """The dtype the server holds its weights in (its ``--dtype``; ``auto``: the checkpoint's), asked of it once:
+        pushes travel in it (a bf16 server gets half the bytes of the fp32 master weights)."""
+        if self._weight_dtype is None:
+            name = str(self._server_info().get("dtype") or "auto")
+            if name == "auto":
+                config = model_config(self._model_path)
+                name = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+            self._weight_dtype = TORCH_DTYPES.get(name, torch.float32)
+        return self._weight_dtype
 
     @property
     def context_length(self) -> int | None:  # type: ignore[override]

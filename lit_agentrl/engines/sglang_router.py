@@ -212,6 +212,10 @@ class SGLangRouterEngine(SGLangHTTPEngine):
             self._context_length, self._facts_read = first.context_length, True
         return self._context_length
 
+    @property
+    def weight_dtype(self) -> torch.dtype | None:  # type: ignore[override]
+        return self._live()[0].weight_dtype
+
     def lora_serving_problem(self, lora: Any) -> str | None:
         return next((p for server in self._live() if (p := server.lora_serving_problem(lora))), None)
 

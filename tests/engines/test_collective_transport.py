@@ -42,3 +42,22 @@ def test_a_server_generates_as_the_weights_pushed_over_a_gloo_group(tiny_model_d
             engine.shutdown()  # leaves the group, and the server destroys its side
         gone = inline._post("/destroy_weights_update_group", {"group_name": group})
         assert gone["success"] is False and "does not exist" in gone["message"]
+
+
+@pytest.mark.sglang
+def test_pushes_travel_in_the_servers_dtype(tiny_model_dir):
+    """A bf16 server (``--dtype bfloat16``) gets the fp32 policy's weights as bf16: half the bytes."""
+    from lit_agentrl.bridge.weights import sync_weights
+    from lit_agentrl.engines.sglang import SGLangHTTPEngine
+
+    require_sglang()
+    with running_http_engine(tiny_model_dir, extra_args=["--dtype", "bfloat16"]) as inline:
+        engine = SGLangHTTPEngine(inline.url, str(tiny_model_dir), transport="collective", collective_backend="gloo")
+        try:
+            assert engine.weight_dtype == torch.bfloat16
+            updated = perturbed(tiny_model_dir, 1)
+            pushed = sync_weights(updated, [engine], weight_version=1)
+            assert pushed.bytes == sum(p.numel() * 2 for p in updated.parameters())
+            assert len(greedy(engine)) == 8
+        finally:
+            engine.shutdown()
