@@ -5,8 +5,8 @@ its router, formerly ``sglang-router``). Generation goes through it, each trajec
 request bears the trajectory's :attr:`~lit_agentrl.context.TrajectoryContext.route_key` as ``X-SMG-Routing-Key``,
 which ``--policy consistent_hashing`` keeps on one worker (its prefix cache serves the next turn). The trainer updates
 the servers itself, one :class:`~lit_agentrl.engines.sglang_http.SGLangHTTPEngine` client per server with the weight
-transport of ``engine.kwargs.transport`` (inline, disk or a collective group per server): pauses, sessions, pushes,
-cache flushes, adapters and aborts go to every live server.
+transport of ``engine.kwargs.transport`` (inline, a collective group per server, or disk: one file per bucket that
+every server loads): pauses, sessions, pushes, cache flushes, adapters and aborts go to every live server.
 
 The router must run with ``--disable-retries``: otherwise it silently re-runs a request whose server died on another
 one (HTTP 200, a turn restarted). A server that dies mid-rollout then fails the trajectories whose requests it held,
@@ -29,6 +29,7 @@ from lit_agentrl.engines.base import RolloutEngine
 from lit_agentrl.engines.placement import EnginePlacement
 from lit_agentrl.engines.registry import register_engine
 from lit_agentrl.engines.sglang_http import SGLangHTTPEngine
+from lit_agentrl.engines.weight_files import bucket_folder
 from lit_agentrl.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,13 @@ class SGLangRouterEngine(SGLangHTTPEngine):
         return self._each(path, lambda server: server._post(path, body))
 
     def _push(self, pairs: list[tuple[str, torch.Tensor]], load_format: str | None, flush_cache: bool) -> Any:
-        return self._each("weights", lambda server: server._push(pairs, load_format, flush_cache))
+        """Each server's push over its transport; through shared storage, one file that every server loads."""
+        weights_dir = self.servers[0].weights_dir if self.servers else None
+        if weights_dir is None or load_format is not None:
+            return self._each("weights", lambda server: server._push(pairs, load_format, flush_cache))
+        with bucket_folder(weights_dir, pairs) as folder:
+            body = {"model_path": str(folder), "flush_cache": flush_cache}
+            return self._each("weights", lambda server: server._post("/update_weights_from_disk", body))
 
     async def abort(self, rids: list[str]) -> None:
         await asyncio.gather(*(server.abort(rids) for server in self._live()), return_exceptions=True)

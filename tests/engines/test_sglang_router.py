@@ -1,7 +1,7 @@
 """``engine: sglang_router``: two real SGLang CPU servers behind SGLang's real router (``smg``). Each trajectory's
-calls stay on one server; a weight push over gloo groups reaches both (their greedy tokens equal the policy's); a
-server killed mid-request fails that request by name, is dropped at the next push and removed from the router, and
-generation goes on with the other.
+calls stay on one server; a weight push over gloo groups reaches both (their greedy tokens equal the policy's), and so
+does one through shared storage, each bucket written once for both; a server killed mid-request fails that request by
+name, is dropped at the next push and removed from the router, and generation goes on with the other.
 
 The router comes from ``scripts/build_router_env.sh`` (``LIT_AGENTRL_SMG`` names its ``smg``; CI builds it)."""
 
@@ -29,7 +29,7 @@ async def in_trajectory(engine, context: TrajectoryContext, params: dict = GREED
 
 
 @pytest.mark.sglang
-def test_sticky_routing_pushes_to_every_server_and_a_dead_server_is_named_then_dropped(tiny_model_dir):
+def test_sticky_routing_pushes_to_every_server_and_a_dead_server_is_named_then_dropped(tiny_model_dir, tmp_path):
     from lit_agentrl.bridge.weights import sync_weights
     from lit_agentrl.engines.sglang_router import NoRolloutServers, RolloutServerDied, SGLangRouterEngine
 
@@ -57,6 +57,13 @@ def test_sticky_routing_pushes_to_every_server_and_a_dead_server_is_named_then_d
         sync_weights(updated, [engine], bucket_bytes=64 << 10, weight_version=1)
         outputs = asyncio.run(_each(engine, trajectories))
         assert all(tokens == reference(updated) for tokens in outputs)  # each server has the new weights
+
+        disk = SGLangRouterEngine(front, str(tiny_model_dir), transport="disk", weights_dir=str(tmp_path / "w"))
+        updated = perturbed(tiny_model_dir, 3)
+        sync_weights(updated, [disk], bucket_bytes=64 << 10, weight_version=3)  # each bucket written once
+        assert all(tokens == reference(updated) for tokens in asyncio.run(_each(disk, trajectories)))
+        assert list((tmp_path / "w").iterdir()) == []
+        disk.shutdown()
 
         doomed = next(t for t in trajectories if served[t.route_key] == url_a)
 
