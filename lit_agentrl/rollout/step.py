@@ -9,6 +9,7 @@ one weight version newer, pushed now or before the next rollout. Each call retur
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -40,6 +41,7 @@ class RolloutStep:
         self.loop, self.fleet, self.health, self.metrics = loop, fleet, health, metrics
         self.colocate = colocate
         self._train_memory: PhaseMemory | None = None
+        self._step_started: float | None = None
 
     def sync(self, device: torch.device, policy: torch.nn.Module) -> float | None:
         """The engines at the policy's weights before they generate (colocated: a window opened); the push's seconds,
@@ -60,10 +62,11 @@ class RolloutStep:
     ) -> Metrics:
         """Sync, generate the step's rollout onto ``batch``, give a colocated trainer its memory back, and check the
         rollout (raising when too many trajectories failed); the step's metrics."""
+        logged = self._step_wall()
         memory = PhaseMemory(device)
         memory.start()
         sync_seconds = self.sync(device, policy)
-        logged = memory.finish("sync") | self._pushed(sync_seconds)
+        logged |= memory.finish("sync") | self._pushed(sync_seconds)
         memory.start()
         busy = self.fleet.busy_seconds()
         rollout = self.loop.train(batch, step, steps_left, data)
@@ -101,6 +104,13 @@ class RolloutStep:
         """A validation batch's rollout onto ``batch``, on the policy's current weights."""
         self.sync(device, policy)
         self.loop.validate(batch, step, batch_idx)
+
+    def _step_wall(self) -> Metrics:
+        """``time/step_s``: the wall seconds from the previous step's start to this one's (all it took, whatever
+        overlapped: waiting for its rollout, the update, the push, a validation), logged with this step."""
+        now = time.perf_counter()
+        started, self._step_started = self._step_started, now
+        return {} if started is None else {"time/step_s": now - started}
 
     def _pushed(self, seconds: float | None) -> Metrics:
         """``time/sync_s`` and ``sync/bytes`` (to each engine this rank pushes to) of a push, if there was one."""

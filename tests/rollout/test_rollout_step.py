@@ -43,10 +43,11 @@ def step_and_policy(tiny_model_dir, tokenizer):
 def test_a_step_generates_checks_and_pushes_without_a_trainer(step_and_policy):
     step, policy = step_and_policy
     first = batch(0)
-    logged = step.before_update(first, step=0, steps_left=2, data=None, device=CPU, policy=policy)
+    logged = first_logged = step.before_update(first, step=0, steps_left=2, data=None, device=CPU, policy=policy)
     assert first.rollout is not None and len(first.rollout.trajectories) == 6  # 2 prompts x n_samples 3
     assert {"rollout/reward_mean", "time/rollout_s", "time/reward_s"} <= set(logged)
     assert "time/sync_s" not in logged  # the engines start at the policy's weights: nothing to push
+    assert "time/step_s" not in logged  # no step before it
     assert step.health.totals["rollouts"] == 1 and step.health.totals["trajectories"] == 6
 
     with torch.no_grad():  # the update
@@ -59,8 +60,9 @@ def test_a_step_generates_checks_and_pushes_without_a_trainer(step_and_policy):
     assert engine.weight_version == 1 and not step.fleet.stale
 
     second = batch(1)
-    step.before_update(second, step=1, steps_left=1, data=None, device=CPU, policy=policy)
+    logged = step.before_update(second, step=1, steps_left=1, data=None, device=CPU, policy=policy)
     assert second.rollout is not None
+    assert logged["time/step_s"] > first_logged["time/rollout_s"] + pushed["time/sync_s"]  # the first step, whole
     assert all(t.weight_versions == (1, 1) for t in second.rollout.trajectories)
 
 
