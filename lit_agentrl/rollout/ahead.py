@@ -2,8 +2,9 @@
 
 While step k trains, the rollouts of steps k+1 ... k+depth run on the engine (on the rollout manager's background
 thread). Each is keyed by its batch's place in the data stream (epoch, index), which Lightning will fetch in order;
-the loader's position only moves when a batch is trained, so a run killed with rollouts in flight regenerates them
-on resume, losing and repeating no prompt. A trajectory records the weight versions it was generated with; one more
+the loader's position only moves when a batch is trained. A checkpoint waits for the rollouts in flight and carries
+them whole (:meth:`RolloutsAhead.finished`), so a run killed with rollouts in flight resumes with exactly the
+trajectories the unbroken run trains: no prompt lost, repeated or generated again. A trajectory records the weight versions it was generated with; one more
 than ``async_rollouts.max_staleness`` steps older than the policy that trains on it is dropped and counted.
 """
 
@@ -65,6 +66,18 @@ class RolloutsAhead:
             coming = after(batch, ahead)
             if batch_key(coming) not in self.pending:
                 self.pending[batch_key(coming)] = submit(coming)
+
+    def finished(self) -> dict[BatchKey, RolloutBatch]:
+        """Every rollout in flight, waited for (its results stay for its step): what a checkpoint carries, so that a
+        resumed run trains them as they are instead of generating them again on newer weights."""
+        return {key: future.result() for key, future in self.pending.items()}
+
+    def restore(self, rollouts: dict[BatchKey, RolloutBatch]) -> None:
+        """Rollouts a checkpoint carried, pending again for their steps."""
+        for key, rollout in rollouts.items():
+            future: concurrent.futures.Future[RolloutBatch] = concurrent.futures.Future()
+            future.set_result(rollout)
+            self.pending[key] = future
 
     def wait_all(self) -> None:
         """Wait until every rollout in flight has finished (their results stay for their steps)."""

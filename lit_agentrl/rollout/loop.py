@@ -11,6 +11,8 @@ weights) and the carried groups' place in the data, and checkpoints both.
 
 from __future__ import annotations
 
+import base64
+import pickle
 import time
 import warnings
 from collections.abc import Mapping
@@ -238,10 +240,16 @@ class RolloutLoop:
     # ------------------------------------------------------------------ checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        return {"trained_steps": self.version, "carried": self.carried_state}
+        """The weight version, the carried groups' place in the data, and every rank's rollouts in flight, finished
+        (called on every rank: the rollouts are gathered, so rank 0's checkpoint holds all of them)."""
+        state: dict[str, Any] = {"trained_steps": self.version, "carried": self.carried_state}
+        if self.ahead is not None and not self._carries:
+            state["ahead"] = self.collective.all_gather(encode_rollouts(self.ahead.finished()))
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.version = int(state.get("trained_steps", 0))
+        self._restore_ahead(state.get("ahead"))
         self._carried_to_restore = state.get("carried")
         if self._carried_to_restore is not None and not self._carries and self.collective.rank == 0:
             groups = sum(len(g) for g in self._carried_to_restore["groups"])
@@ -250,3 +258,28 @@ class RolloutLoop:
                 "(ready_fraction < 1); this run does not carry groups and will not train them",
                 stacklevel=2,
             )
+
+    def _restore_ahead(self, everyone: list[dict[str, str]] | None) -> None:
+        """This rank's rollouts in flight at the checkpoint, pending again for their steps."""
+        if not everyone or self.ahead is None or self._carries:
+            return
+        if len(everyone) != self.collective.world_size:
+            raise UserInputError(
+                f"cannot resume the rollouts in flight: the checkpoint was taken with {len(everyone)} processes, "
+                f"this run has {self.collective.world_size}"
+            )
+        self.ahead.restore(decode_rollouts(everyone[self.collective.rank]))
+
+
+def encode_rollouts(rollouts: Mapping[tuple[int, int], RolloutBatch]) -> dict[str, str]:
+    """Rollouts by batch key as checkpoint-safe strings (``"epoch/index"`` -> pickled, base64): a checkpoint loaded with
+    ``weights_only`` takes strings where it refuses arbitrary objects."""
+    return {f"{e}/{i}": base64.b64encode(pickle.dumps(r)).decode("ascii") for (e, i), r in rollouts.items()}
+
+
+def decode_rollouts(encoded: Mapping[str, str]) -> dict[tuple[int, int], RolloutBatch]:
+    rollouts = {}
+    for key, text in encoded.items():
+        epoch, index = key.split("/")
+        rollouts[int(epoch), int(index)] = pickle.loads(base64.b64decode(text))  # the run's own checkpoint
+    return rollouts

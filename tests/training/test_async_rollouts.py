@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -105,7 +106,14 @@ def test_partial_rollouts_generate_two_steps_ahead_within_the_staleness_bound(tm
 
 @pytest.mark.timeout(900)
 @pytest.mark.slow
-def test_sigkill_during_an_async_run_loses_and_repeats_no_prompt(tmp_path, quickstart_model_dir):
+@pytest.mark.parametrize("killed_after", [2, 4], ids=lambda n: f"killed-after-{n}-steps")
+def test_sigkill_with_rollouts_in_flight_resumes_to_the_weights_of_an_unbroken_run(
+    tmp_path, quickstart_model_dir, killed_after
+):
+    """Each checkpoint waits for the rollouts in flight and carries them whole: the resumed run trains exactly the
+    trajectories the unbroken run trains, so its prompts and (with the deterministic engine) its weights are the
+    same. Killed at a random moment of the step after ``killed_after`` steps have started."""
+
     def launch(folder, *extra):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRAINING), str(REPO_ROOT)])}
         config = folder / "config.yaml"
@@ -122,15 +130,17 @@ def test_sigkill_during_an_async_run_loses_and_repeats_no_prompt(tmp_path, quick
             }
         )
         config["trainer"]["enable_checkpointing"] = True
+        config["model"]["loss"]["entropy_coef"] = 0.01  # a gradient every step, whatever the rewards
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config))
     assert launch(tmp_path / "straight").wait(timeout=400) == 0
     process = launch(tmp_path / "crashed")
     prompts = tmp_path / "crashed" / "prompts.jsonl"
     deadline = time.monotonic() + 400
-    while (not prompts.exists() or len(prompts.read_text().splitlines()) < 4) and process.poll() is None:
+    while (not prompts.exists() or len(prompts.read_text().splitlines()) < killed_after) and process.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)  # step 3 trains; step 4's rollout is in flight
+    time.sleep(random.Random(killed_after).uniform(0.0, 0.5))  # somewhere in that step
+    process.send_signal(signal.SIGKILL)  # a step trains; the next one's rollout is in flight
     process.wait(timeout=60)
     checkpoints = sorted((tmp_path / "crashed" / "ckpt").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     resumed = launch(tmp_path / "crashed", "--ckpt_path", str(checkpoints[-1]))
@@ -142,6 +152,10 @@ def test_sigkill_during_an_async_run_loses_and_repeats_no_prompt(tmp_path, quick
         return {r["step"]: r["prompts"] for r in records}
 
     assert trained(tmp_path / "crashed") == trained(tmp_path / "straight")
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "crashed")
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    initial = AutoModelForCausalLM.from_pretrained(quickstart_model_dir).state_dict()
+    assert not all(torch.equal(a[k], initial[k]) for k in a), "training did not change the weights"
 
 
 def slow_tail_data(folder):
