@@ -32,12 +32,23 @@ def test_two_ranks_train_one_step_ahead_of_two_servers_behind_the_router(tmp_pat
         urls = [stack.enter_context(sglang_server(quickstart_model_dir))[0] for _ in range(2)]
         front = stack.enter_context(smg_router(urls))
         export = {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": "hf"}}
+        checkpoint = {  # each gathers both ranks' rollouts in flight
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"dirpath": "ckpt", "every_n_train_steps": 2, "save_top_k": -1},
+        }
         strategy = {
             "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
             "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
         }
         path = quick_config(
-            tmp_path, quickstart_model_dir, steps=4, n_samples=8, callbacks=[export], devices=2, strategy=strategy
+            tmp_path,
+            quickstart_model_dir,
+            steps=4,
+            n_samples=8,
+            callbacks=[export, checkpoint],
+            devices=2,
+            strategy=strategy,
+            enable_checkpointing=True,
         )
         config = yaml.safe_load(path.read_text())
         config["trainer"]["callbacks"][0]["init_args"].update(
@@ -59,6 +70,7 @@ def test_two_ranks_train_one_step_ahead_of_two_servers_behind_the_router(tmp_pat
         assert len(rows) == 4 and all(float(r["rollout/failed"]) == 0 for r in rows)
         assert all(0.0 <= float(r["rollout/staleness_mean"]) <= 1.0 for r in rows)
         assert all(float(r["sync/bytes"]) > 0 for r in rows[1:])
+        assert len(list((tmp_path / "ckpt").iterdir())) == 2
         trained = AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / "final").eval()
         with torch.no_grad():
             policy = trained.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False, eos_token_id=None)
