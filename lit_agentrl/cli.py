@@ -4,6 +4,7 @@ lit-agentrl fit --config configs/quickstart.yaml
 lit-agentrl validate --config configs/quickstart.yaml --ckpt_path PATH
 lit-agentrl plan --config configs/qwen3_8b_math_agent.yaml [--gpu-memory-gb 80] [--devices N] [--KEY VALUE ...]
 lit-agentrl view RUN_DIR [--out FILE] [--serve [--port N]] [--max-trajectories N]
+lit-agentrl pool --model-path PATH --gpus 4,5,6,7 --discovery-file FILE [...]   (SGLang servers behind the router)
 
 A configuration or data error (:class:`~lit_agentrl.errors.UserInputError`) is printed as one message and the
 command exits with status 2, as for a command-line error; ``LIT_AGENTRL_TRACEBACK=1`` shows its full traceback.
@@ -447,6 +448,10 @@ def main(args: list[str] | None = None) -> None:
             from lit_agentrl.viewer.cli import view_main
 
             raise SystemExit(view_main(argv[1:]))
+        if argv[:1] == ["pool"]:  # a rollout pool on GPUs of its own (see lit_agentrl.engines.rollout_pool)
+            from lit_agentrl.engines.rollout_pool import pool_main
+
+            raise SystemExit(pool_main(argv[1:]))
         refuse_renamed_keys(argv)
         build_cli(args)
     except Exception as exc:

@@ -18,8 +18,11 @@ run goes on with the rest, and stops naming the router and the servers when none
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +46,34 @@ SERVER_GONE = ("call_upstream_connection_failed", "call_upstream_request_error")
 """The router's error codes for a server that died: before the request reached it, or while it ran."""
 
 
+DISCOVERY_TIMEOUT_S = 600.0
+"""How long the trainer waits for a launcher's discovery file (servers take minutes to load a large model)."""
+
+
+def read_discovery(path: str, timeout_s: float = DISCOVERY_TIMEOUT_S) -> dict[str, Any]:
+    """The router's URL and its servers' from the JSON file a launcher writes once they are up
+    (``{"router_url": "http://...", "urls": ["http://...", ...]}``), waiting up to ``timeout_s`` for it to appear."""
+    file = Path(path)
+    deadline = time.monotonic() + timeout_s
+    while not file.exists():
+        if time.monotonic() > deadline:
+            raise UserInputError(
+                f"engine.kwargs.discovery_file {path!r} did not appear within {timeout_s:.0f} s: start the rollout "
+                "pool's launcher first, or set engine.kwargs.discovery_timeout_s"
+            )
+        time.sleep(1.0)
+    try:
+        found = json.loads(file.read_text())
+    except ValueError as exc:
+        raise UserInputError(f"engine.kwargs.discovery_file {path!r} is not JSON: {exc}") from None
+    if not isinstance(found, dict) or not isinstance(found.get("router_url"), str):
+        raise UserInputError(f'engine.kwargs.discovery_file {path!r} must hold {{"router_url": URL, "urls": [...]}}')
+    urls = found.get("urls")
+    if urls is not None and not (isinstance(urls, list) and all(isinstance(u, str) for u in urls)):
+        raise UserInputError(f"engine.kwargs.discovery_file {path!r}: 'urls' must be a list of URLs, got {urls!r}")
+    return {"router_url": found["router_url"], **({"urls": urls} if urls else {})}
+
+
 class RolloutServerDied(RuntimeError):
     """A request's server died while it ran (the router's ``call_upstream_connection_failed``)."""
 
@@ -57,7 +88,8 @@ class SGLangRouterEngine(SGLangHTTPEngine):
 
     Args:
         router_url: the router, e.g. ``http://10.0.0.5:30000`` (``smg launch --policy consistent_hashing
-            --disable-retries --enable-rl ...``; the launch line is in docs/engines.md).
+            --disable-retries --enable-rl ...``; the launch line is in docs/engines.md). ``engine.kwargs`` may name
+            a ``discovery_file`` instead (:func:`read_discovery`), waited for up to ``discovery_timeout_s``.
         model_path: the policy's path (its weight names and shapes, checked before each push).
         urls: the servers behind the router, as the router knows them; None: the router's own list (``/workers``).
             Either way they must be exactly the router's: a server the router routes to and the trainer does not
@@ -74,9 +106,16 @@ class SGLangRouterEngine(SGLangHTTPEngine):
         cls, model_path: str, seed: int = 0, placement: EnginePlacement | None = None, **kwargs: Any
     ) -> list[RolloutEngine]:
         """One client of the router, shared by every rank; rank 0 updates the servers."""
+        discovery = kwargs.pop("discovery_file", None)
+        timeout_s = float(kwargs.pop("discovery_timeout_s", DISCOVERY_TIMEOUT_S))
+        if discovery is not None:  # urls the config lists stay: the router must route to exactly those
+            kwargs = {**read_discovery(discovery, timeout_s), **kwargs}
         router_url = kwargs.pop("router_url", None)
         if not router_url:
-            raise UserInputError("engine 'sglang_router' needs engine.kwargs.router_url: the URL of SGLang's router")
+            raise UserInputError(
+                "engine 'sglang_router' needs engine.kwargs.router_url (the URL of SGLang's router) or "
+                "engine.kwargs.discovery_file (a JSON file a launcher writes: {router_url, urls})"
+            )
         owner = placement is None or placement.global_rank == 0
         return [cls(router_url, model_path, owner=owner, seed=seed, **kwargs)]
 

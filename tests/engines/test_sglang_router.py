@@ -8,12 +8,26 @@ The router comes from ``scripts/build_router_env.sh`` (``LIT_AGENTRL_SMG`` names
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 from contextlib import ExitStack
 
 import httpx
 import pytest
-from support import kill_tree, require_router, require_sglang, sglang_server, smg_router
+from support import (
+    REPO_ROOT,
+    SGLANG_SHIM,
+    SMG,
+    free_port,
+    kill_tree,
+    require_router,
+    require_sglang,
+    sglang_server,
+    smg_router,
+)
 from test_collective_transport import perturbed
 from test_disk_transport import GREEDY, PROMPT, reference
 
@@ -97,3 +111,42 @@ def routed_after_removal(front: str, within_s: float = 20.0) -> list[str]:
 
 async def _each(engine, trajectories: list[TrajectoryContext]) -> list[list[int]]:
     return await asyncio.gather(*(asyncio.create_task(in_trajectory(engine, t)) for t in trajectories))
+
+
+@pytest.mark.sglang
+def test_lit_agentrl_pool_starts_the_servers_and_router_a_trainer_finds_by_its_discovery_file(tiny_model_dir, tmp_path):
+    from lit_agentrl.engines.sglang_router import SGLangRouterEngine
+
+    require_sglang()
+    require_router()
+    discovery = tmp_path / "pool.json"
+    cpu = "--device cpu --attention-backend torch_native --dtype float32 --max-total-tokens 4096 "
+    cpu += "--mem-fraction-static 0.05 --log-level warning"
+    command = [sys.executable, "-m", "lit_agentrl.cli", "pool", "--model-path", str(tiny_model_dir), "--gpus", "cpu:2"]
+    command += ["--port", str(free_port()), "--router-port", str(free_port()), "--smg", str(SMG)]
+    command += ["--discovery-file", str(discovery), f"--server-arg={cpu}"]
+    command += ["--router-arg=--disable-worker-overload-protection"]
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": f"{SGLANG_SHIM}{os.pathsep}{REPO_ROOT}"}
+    pool = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        (engine,) = SGLangRouterEngine.build(
+            str(tiny_model_dir), discovery_file=str(discovery), discovery_timeout_s=600
+        )
+        try:
+            assert len(engine.servers) == 2
+            tokens = asyncio.run(in_trajectory(engine, TrajectoryContext()))
+            assert len(tokens) == GREEDY["max_new_tokens"]
+        finally:
+            engine.shutdown()
+    finally:
+        pool.send_signal(signal.SIGTERM)
+        _, err = pool.communicate(timeout=120)
+    assert pool.returncode == 0, err[-3000:]
+    assert not discovery.exists()  # a pool that is gone is not found by a later trainer
+    for url in engine_urls(engine):
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=5)
+
+
+def engine_urls(engine) -> list[str]:
+    return [engine.url, *(server.url for server in engine.servers)]
