@@ -48,6 +48,7 @@ def fit(out: Path, name: str, model: Path, router_url: str, steps: int, layout: 
     """One ``lit-agentrl fit`` pinned to the layout's trainer cores; its metrics.csv."""
     _, cores, threads, ahead = layout
     folder = out / name.replace(", ", "_").replace(" ", "-")
+    folder.mkdir(parents=True, exist_ok=True)
     engine = {"router_url": router_url, "transport": "collective", "collective_backend": "gloo"}
     rollout = {
         "engine": {"name": "sglang_router", "kwargs": engine},

@@ -1,0 +1,139 @@
+"""Credit per turn on the sparse guessing game (issue 43): each advantage estimator, several seeds, side by side.
+
+The multi-turn quickstart's game and settings (``configs/quickstart_multiturn.yaml``) with the reward made sparse: the
+``guess_digit`` agent's ``feedback_credit`` set to 0, so a game scores 1 when a guess finds the digit and 0 otherwise.
+Each run is a real ``lit-agentrl fit`` of that config with ``model.loss.advantage`` (and ``gamma``) set per
+estimator; runs go two at a time, one thread each. It prints, per run and per estimator (mean over seeds), the
+training reward and ``found_turn_2``/``found_turn_3`` (success on a turn among the games that reached it; blind play
+0.11 and 0.125), the first fifth of the steps against the last, the spread of the advantages per turn index, and for
+``gigpo`` the share of turns that found a partner in a step group.
+
+    python benchmarks/credit_per_turn.py --out /tmp/credit --steps 800 --seeds 0 1 2
+
+Everything a run writes (the tiny model, the sparse agent config and data, the logs) goes under ``--out``; a run
+whose ``metrics.csv`` is complete is not run again, so an interrupted sweep resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "quickstart_multiturn.yaml"
+ESTIMATORS = {"grpo": [], "gigpo": ["--model.loss.gamma", "0.95"], "turn_returns": ["--model.loss.gamma", "0.95"]}
+"""Estimator name -> extra options: the paper's gamma for the two turn-level ones (grpo has none)."""
+SERIES = ["rollout/reward_mean", "agent/guess_digit/found_turn_2", "agent/guess_digit/found_turn_3"]
+
+
+def prepare(out: Path) -> tuple[Path, Path, Path]:
+    """The tiny model, the sparse agent config and the data rows pointing at it, under ``out``."""
+    model = out / "model"
+    if not (model / "config.json").exists():
+        run([sys.executable, "-m", "lit_agentrl.models.tiny", "--tokenizer", "words", "--out", str(model)])
+    agent_cfg = out / "guess_digit_sparse.yaml"
+    agent_cfg.write_text("max_guesses: 3\nfeedback_credit: 0.0  # found only: the sparse reward\n")
+    files = []
+    for split in ("train", "val"):
+        rows = [json.loads(line) for line in (REPO / "data" / "quickstart_multiturn" / f"{split}.jsonl").open()]
+        path = out / f"{split}.jsonl"
+        path.write_text("".join(json.dumps({**row, "agent_cfg_path": str(agent_cfg)}) + "\n" for row in rows))
+        files.append(path)
+    return model, files[0], files[1]
+
+
+def run(command: list[str], log: Path | None = None) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
+    with log.open("w") if log else open(os.devnull, "w") as sink:
+        subprocess.run(command, check=True, env=env, cwd=log.parent if log else None, stdout=sink, stderr=sink)
+
+
+def fit(out: Path, estimator: str, seed: int, steps: int, data: tuple[Path, Path, Path]) -> Path:
+    """One ``lit-agentrl fit`` (skipped when its metrics already reach ``steps``); returns its metrics.csv."""
+    model, train, val = data
+    folder = out / f"{estimator}_s{seed}"
+    metrics = folder / "csv" / "version_0" / "metrics.csv"
+    if metrics.exists() and len(column(metrics, "rollout/reward_mean")) >= steps:
+        return metrics
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [
+        *(sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(CONFIG)),
+        *("--seed_everything", str(seed), "--trainer.max_steps", str(steps)),
+        *("--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.version", "0"),
+        *("--model.model_path", str(model), "--data.train_files", str(train), "--data.val_files", str(val)),
+        *("--model.loss.advantage", estimator, *ESTIMATORS[estimator]),
+    ]
+    run(command, folder / "fit.log")
+    return metrics
+
+
+def column(metrics: Path, key: str) -> list[float]:
+    with metrics.open() as f:
+        return [float(row[key]) for row in csv.DictReader(f) if row.get(key) not in (None, "")]
+
+
+def fifths(values: list[float]) -> tuple[float, float]:
+    n = max(len(values) // 5, 1)
+    return statistics.fmean(values[:n]), statistics.fmean(values[-n:])
+
+
+def mean_abs_advantage(metrics: Path) -> list[float]:
+    """Mean over the run of ``train/turn_<t>/advantage_std`` (the spread of the advantages of turn t; logged by the
+    turn-level estimators)."""
+    return [statistics.fmean(v) for t in (1, 2, 3) if (v := column(metrics, f"train/turn_{t}/advantage_std"))]
+
+
+def report(results: dict[tuple[str, int], Path]) -> None:
+    names = " | ".join(s.split("/")[-1] for s in SERIES)
+    print(f"| estimator | seed | steps | {names} | advantage spread, turns 1/2/3 | partnered turns |")
+    print("|---|---|---|" + "---|" * (len(SERIES) + 2))
+    for (estimator, seed), metrics in sorted(results.items()):
+        cells = ["{:.3f} -> {:.3f}".format(*fifths(column(metrics, key))) for key in SERIES]
+        spread = " / ".join(f"{v:.2f}" for v in mean_abs_advantage(metrics))
+        partnered = column(metrics, "train/partnered_turns")
+        paired = "{:.2f} -> {:.2f}".format(*fifths(partnered)) if partnered and estimator == "gigpo" else ""
+        steps = len(column(metrics, SERIES[0]))
+        print(f"| {estimator} | {seed} | {steps} | " + " | ".join(cells) + f" | {spread} | {paired} |")
+    for estimator in ESTIMATORS:
+        runs = [m for (e, _), m in results.items() if e == estimator]
+        if not runs:
+            continue
+        cells = []
+        for key in SERIES:
+            pairs = [fifths(column(m, key)) for m in runs]
+            first, last = statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
+            cells.append(f"{first:.3f} -> {last:.3f} ({last - first:+.3f})")
+        print(f"| **{estimator}**, mean of {len(runs)} | | | " + " | ".join(cells) + " | | |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for everything the runs write")
+    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
+    parser.add_argument("--report-only", action="store_true", help="summarise the runs already under --out")
+    args = parser.parse_args()
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    jobs = [(e, s) for s in args.seeds for e in args.estimators]
+    if args.report_only:
+        found = {job: args.out / f"{job[0]}_s{job[1]}" / "csv" / "version_0" / "metrics.csv" for job in jobs}
+        report({job: path for job, path in found.items() if path.exists()})
+        return
+    data = prepare(args.out)
+    with ThreadPoolExecutor(args.parallel) as pool:
+        paths = pool.map(lambda job: fit(args.out, *job, args.steps, data), jobs)
+        report(dict(zip(jobs, paths)))
+
+
+if __name__ == "__main__":
+    main()
