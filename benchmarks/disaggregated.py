@@ -14,7 +14,7 @@ Reported: the mean step seconds after the first ``--warmup`` steps, and each aga
 floor. Runs in the SGLang environment, with SGLang's router built by ``scripts/build_router_env.sh``::
 
     PY="$(scripts/build_sglang_env.sh)"
-    SGLANG_USE_CPU_ENGINE=1 PYTHONPATH=tests/sglang_shim "$PY" benchmarks/disaggregated.py --out /tmp/disagg
+    SGLANG_USE_CPU_ENGINE=1 PYTHONPATH=tests/sglang_shim:benchmarks "$PY" benchmarks/disaggregated.py --out /tmp/disagg
 """
 
 from __future__ import annotations
