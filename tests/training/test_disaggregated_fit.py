@@ -1,7 +1,7 @@
 """Generation on servers of its own, rehearsed on CPU as GPUs run it (issue 42): two real SGLang servers behind SGLang's
 router, two trainer ranks (FSDP2 over gloo), ``async_rollouts: {ahead: 1, partial: true}``, and the weights pushed
 over a gloo weight-update group per server, through ``lit-agentrl fit``. Afterwards every server generates as the
-trained policy."""
+trained policy, and a run resumed from a checkpoint taken with rollouts in flight trains those very trajectories."""
 
 from __future__ import annotations
 
@@ -81,3 +81,17 @@ def test_two_ranks_train_one_step_ahead_of_two_servers_behind_the_router(tmp_pat
             )
             assert asyncio.run(request)["output_ids"] == policy[0, len(PROMPT) :].tolist(), url
             client.shutdown()
+
+        # Resumed from step 2's checkpoint: step 3 trains the rollout that was in flight, carried whole (SGLang on
+        # CPU does not sample by seed, so a rollout generated again would differ), and step 4 follows.
+        step_2 = next(p for p in (tmp_path / "ckpt").iterdir() if "step=2" in p.name)
+        resumed = subprocess.run(
+            [*command, "--ckpt_path", str(step_2)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+        )
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+        again = [
+            r for r in read_csv(tmp_path / "logs" / "csv" / "version_1" / "metrics.csv") if r.get("rollout/reward_mean")
+        ]
+        assert [int(r["step"]) for r in again] == [int(r["step"]) for r in rows[2:]]
+        for key in ("rollout/reward_mean", "rollout/response_length_mean", "rollout/staleness_mean"):
+            assert again[0][key] == rows[2][key], key  # the very trajectories of the unbroken run's step 3
