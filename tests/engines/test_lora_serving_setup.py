@@ -106,7 +106,7 @@ def test_a_rank_sharing_a_server_names_the_adapter_its_owner_loaded(tiny_model_d
         async def get(self, path: str, **kwargs: Any) -> Any:  # the server's context length and settings: none known
             return SimpleNamespace(raise_for_status=lambda: None, json=dict)
 
-        async def post(self, path: str, json: dict[str, Any]) -> Any:
+        async def post(self, path: str, json: dict[str, Any], **kwargs: Any) -> Any:
             sent.append(json)
             return SimpleNamespace(raise_for_status=lambda: None, json=lambda: {"output_ids": [], "meta_info": {}})
 
