@@ -123,10 +123,11 @@ class MemoryPlan:
         rows.append(("", ""))
         rows += [(f"peak: {phase}", f"{value / GB:10.2f} GB") for phase, value in self.phases.items()]
         rows.append(("GPU memory", f"{self.gpu_memory / GB:10.2f} GB"))
-        rows.append(("", ""))
-        rows.append(("KV bytes per token", f"{self.kv_bytes_per_token:>13,d}"))
-        rows.append(("KV capacity (tokens)", f"{self.kv_capacity_tokens:>13,d}"))
-        rows.append(("worst case (tokens)", f"{self.worst_case_tokens:>13,d}"))
+        if self.kv_capacity_tokens:  # an engine on these GPUs (a remote one's servers are planned apart)
+            rows.append(("", ""))
+            rows.append(("KV bytes per token", f"{self.kv_bytes_per_token:>13,d}"))
+            rows.append(("KV capacity (tokens)", f"{self.kv_capacity_tokens:>13,d}"))
+            rows.append(("worst case (tokens)", f"{self.worst_case_tokens:>13,d}"))
         width = max(len(name) for name, _ in rows)
         lines = [f"{name:<{width}}  {value}" if name else "" for name, value in rows]
         lines.append("")

@@ -406,3 +406,5 @@ def test_the_disaggregated_8b_config_plans_4_trainer_gpus_and_4_servers_by_hand(
     out = capsys.readouterr().out
     assert "4 GPU(s)" in out and "4 rollout server(s), tensor-parallel size 1, per GPU:" in out
     assert "weight push over collective" in out and "weight push over disk" in out
+    trainer_part = out.split("rollout server(s)")[0]
+    assert "KV capacity" not in trainer_part  # no SGLang on the trainer's GPUs: no KV lines of zeros there
