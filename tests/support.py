@@ -310,12 +310,12 @@ def kill_tree(pid: int) -> None:
 
 
 @contextmanager
-def sglang_server(model_dir: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+def sglang_server(model_dir: Path, extra_args: Sequence[str] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
     """An SGLang CPU server (:func:`start_http_server`) once healthy: its URL and process, killed afterwards."""
     from lit_agentrl.engines.sglang_group import wait_until_healthy
 
     port = free_port()
-    process = start_http_server(model_dir, port)
+    process = start_http_server(model_dir, port, extra_args)
     try:
         wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout_s=600)
         yield f"http://127.0.0.1:{port}", process

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import pytest
 import torch
-from support import SGLANG_CPU, require_sglang, running_http_engine
+from support import SGLANG_CPU, require_router, require_sglang, running_http_engine, sglang_server, smg_router
 from transformers import AutoModelForCausalLM
 
 from lit_agentrl.bridge.weights import sync_weights
@@ -34,6 +35,7 @@ PROMPT = [9, 10, 11, 12, 13, 14, 15]
         "transformers",
         pytest.param("sglang", marks=pytest.mark.sglang),
         pytest.param("sglang_http", marks=pytest.mark.sglang),
+        pytest.param("sglang_router", marks=pytest.mark.sglang),
     ],
 )
 def adapter_engine(request: pytest.FixtureRequest, tiny_model_dir: Any) -> Iterator[RolloutEngine]:
@@ -54,7 +56,17 @@ def adapter_engine(request: pytest.FixtureRequest, tiny_model_dir: Any) -> Itera
         yield engine
         engine.shutdown()
         return
-    with running_http_engine(tiny_model_dir, extra_args=server_flags(serving)) as engine:
+    if request.param == "sglang_http":
+        with running_http_engine(tiny_model_dir, extra_args=server_flags(serving)) as engine:
+            yield engine
+        return
+    from lit_agentrl.engines.sglang_router import SGLangRouterEngine
+
+    require_router()
+    with ExitStack() as stack:  # two servers behind the router: each load reaches both
+        urls = [stack.enter_context(sglang_server(tiny_model_dir, server_flags(serving)))[0] for _ in range(2)]
+        engine = SGLangRouterEngine(stack.enter_context(smg_router(urls)), str(tiny_model_dir))
+        stack.callback(engine.shutdown)
         yield engine
 
 
@@ -122,3 +134,24 @@ def test_sglang_names_what_it_lacks_to_serve_an_adapter(adapter_engine):
     assert adapter_engine.lora_serving_problem(LORA) is None
     problem = adapter_engine.lora_serving_problem(Lora(rank=8, sync="adapter"))
     assert problem is not None and "rank 4 (--max-lora-rank), below 8" in problem
+
+
+@pytest.mark.sglang
+def test_behind_the_router_every_server_serves_the_pushed_adapter(adapter_engine, tiny_model_dir):
+    from lit_agentrl.context import TrajectoryContext, enter_trajectory
+
+    if not hasattr(adapter_engine, "served_by"):
+        pytest.skip("the router's engine only")
+    policy = adapted_policy(tiny_model_dir, 7)
+    sync_weights(policy, [adapter_engine], lora=LORA)
+    trajectories = [TrajectoryContext() for _ in range(8)]
+
+    async def each() -> list[list[int]]:
+        async def one(context: TrajectoryContext) -> list[int]:
+            enter_trajectory(context)
+            return (await adapter_engine.async_generate(input_ids=PROMPT, sampling_params=GREEDY))["output_ids"]
+
+        return await asyncio.gather(*(asyncio.create_task(one(t)) for t in trajectories))
+
+    assert all(tokens == greedy_with_logprobs(policy, PROMPT)[0] for tokens in asyncio.run(each()))
+    assert len({adapter_engine.served_by(t.route_key) for t in trajectories}) == 2  # both servers answered
