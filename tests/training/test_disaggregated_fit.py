@@ -12,10 +12,20 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 import yaml
-from support import REPO_ROOT, quick_config, read_csv, require_router, require_sglang, sglang_server, smg_router
+from support import (
+    REPO_ROOT,
+    kill_tree,
+    quick_config,
+    read_csv,
+    require_router,
+    require_sglang,
+    sglang_server,
+    smg_router,
+)
 from transformers import AutoModelForCausalLM
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -95,3 +105,59 @@ def test_two_ranks_train_one_step_ahead_of_two_servers_behind_the_router(tmp_pat
         assert [int(r["step"]) for r in again] == [int(r["step"]) for r in rows[2:]]
         for key in ("rollout/reward_mean", "rollout/response_length_mean", "rollout/staleness_mean"):
             assert again[0][key] == rows[2][key], key  # the very trajectories of the unbroken run's step 3
+
+
+def test_a_server_killed_mid_run_is_named_and_dropped_and_the_run_goes_on(tmp_path, quickstart_model_dir):
+    """One of two servers SIGKILLed while the run trains: the requests it held fail as ``RolloutServerDied`` (counted
+    among the step's failures), the next push drops it and removes it from the router, and the run ends on the other."""
+    import signal
+    import time
+
+    from lit_agentrl.engines.sglang_http import SGLangHTTPEngine
+
+    require_sglang()
+    require_router()
+    with ExitStack() as stack:
+        servers = [stack.enter_context(sglang_server(quickstart_model_dir)) for _ in range(2)]
+        urls = [url for url, _ in servers]
+        front = stack.enter_context(smg_router(urls))
+        export = {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": "hf"}}
+        record = {"class_path": "probes.PromptRecorder", "init_args": {"path": str(tmp_path / "prompts.jsonl")}}
+        path = quick_config(tmp_path, quickstart_model_dir, steps=8, n_samples=8, callbacks=[export, record])
+        config = yaml.safe_load(path.read_text())
+        rollout = config["trainer"]["callbacks"][0]["init_args"]
+        rollout.update(
+            engine={"name": "sglang_router", "kwargs": {"router_url": front}},
+            health={"max_failed_fraction": 1.0},  # one of two servers gone: up to half a step's trajectories fail
+        )
+        rollout["train"]["sampling_params"]["max_new_tokens"] = 48  # rollouts long enough to be caught in flight
+        path.write_text(yaml.safe_dump(config))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO_ROOT)])}
+        command = [sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(path)]
+        fit = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        prompts = tmp_path / "prompts.jsonl"
+        deadline = time.monotonic() + 600
+        while (not prompts.exists() or len(prompts.read_text().splitlines()) < 3) and fit.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        doomed_url, doomed = servers[0]
+        kill_tree(doomed.pid)
+        assert doomed.wait(timeout=60) == -signal.SIGKILL
+        _, err = fit.communicate(timeout=900)
+        assert fit.returncode == 0, err[-4000:]
+        assert f"rollout server {doomed_url} stopped answering" in err  # dropped at the next push
+        routed = httpx.get(f"{front}/workers").json()["workers"]  # removed, or draining until the removal ends
+        assert [w["url"] for w in routed if w["status"] == "ready"] == [urls[1]]
+        rows = [r for r in read_csv(next((tmp_path / "logs").rglob("metrics.csv"))) if r.get("rollout/reward_mean")]
+        assert len(rows) == 8
+        trained = AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / "final").eval()
+        with torch.no_grad():
+            policy = trained.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False, eos_token_id=None)
+        client = SGLangHTTPEngine(urls[1], str(quickstart_model_dir))  # the survivor holds the trained weights
+        request = client.async_generate(
+            input_ids=PROMPT, sampling_params={"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
+        )
+        assert asyncio.run(request)["output_ids"] == policy[0, len(PROMPT) :].tolist()
+        client.shutdown()
