@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -113,6 +112,13 @@ def tool_call_text(name: str, arguments: dict) -> str:
     import json
 
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+FSDP_TWO_RANKS = {
+    "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+    "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
+}
+"""Two FSDP2 ranks (``trainer.strategy``), gloo on CPU."""
 
 
 def quick_config(
@@ -326,28 +332,17 @@ def sglang_server(model_dir: Path, extra_args: Sequence[str] = ()) -> Iterator[t
 
 @contextmanager
 def smg_router(urls: list[str]) -> Iterator[str]:
-    """SGLang's router over ``urls``, as docs/engines.md launches it, ready once it lists every server as ready."""
-    import httpx
+    """SGLang's router over ``urls`` with the flags ``lit-agentrl pool`` gives it (and no overload veto: CPU KV caches
+    are small), ready once it lists every server as ready."""
+    from lit_agentrl.engines.rollout_pool import ROUTER_FLAGS, wait_until_routed
 
     port, metrics = free_port(), free_port()
     command = [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(metrics)]
-    command += ["--worker-urls", *urls, "--policy", "consistent_hashing", "--enable-rl", "--disable-retries"]
-    command += ["--disable-worker-overload-protection", "--health-check-interval-secs", "2"]
-    command += ["--health-failure-threshold", "2", "--remove-unhealthy-workers"]
+    command += ["--worker-urls", *urls, *ROUTER_FLAGS, "--disable-worker-overload-protection"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                workers = httpx.get(f"{url}/workers").json()["workers"]
-                if len(workers) == len(urls) and all(w["status"] == "ready" for w in workers):
-                    break
-            except (httpx.TransportError, ValueError, KeyError):
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError(f"the router at {url} did not list {urls} as ready within 60 s")
+        wait_until_routed(url, urls, process, timeout_s=60.0)
         yield url
     finally:
         kill_tree(process.pid)

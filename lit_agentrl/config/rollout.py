@@ -29,6 +29,8 @@ DEFAULT_TRAJECTORY_TIMEOUT_S = 1800.0
 forever (null, no limit, only on purpose)."""
 
 _WHERE = "RolloutCallback"
+TOKENIZERLESS_ENGINES = ("sglang", "sglang_http", "sglang_router")
+"""Engines that run SGLang without a tokenizer (token in, token out): no stop strings."""
 
 
 @dataclass(frozen=True)
@@ -297,11 +299,7 @@ class RolloutSettings:
                 "the step's rollout)",
                 hint="set train.dynamic_sampling: null, or drop async_rollouts",
             )
-        if self.engine.name in (
-            "sglang",
-            "sglang_http",
-            "sglang_router",
-        ):  # SGLang without a tokenizer: no stop strings
+        if self.engine.name in TOKENIZERLESS_ENGINES:
             for group in ("train", "validation"):
                 params: SamplingParams = getattr(self, group).sampling
                 params.check_without_tokenizer(self.engine.name, f"{_WHERE}.{group}.sampling_params")

@@ -77,8 +77,8 @@ def build_engines(
     """The engines called ``name`` over the model at ``model_path``, built by the class's :meth:`~RolloutEngine.build`.
 
     ``kwargs`` (the config's ``engine.kwargs``) go to the constructor: ``transformers`` and ``sglang`` give one
-    in-process engine; ``sglang_http`` gives one client per entry of ``urls`` (balanced by the rollout manager); ``sglang_router`` one
-    client of the router at ``router_url``, which balances.
+    in-process engine; ``sglang_http`` gives one client per entry of ``urls`` (balanced by the rollout manager);
+    ``sglang_router`` one client of the router at ``router_url``, which balances.
     ``placement`` is this rank's place on its node (``RolloutCallback`` passes it): engines on the rank's GPUs
     use it (``sglang``: ``base_gpu_id``; ``transformers`` on ``cuda``: ``cuda:<local rank>``), others ignore it.
     """

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import pickle
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -302,7 +303,7 @@ class SGLangHTTPEngine(SGLangBase):
             return self.weight_group.send(pairs, flush_cache)
         if self.weights_dir is not None and load_format is None:
             with bucket_folder(self.weights_dir, pairs) as folder:
-                return self._post("/update_weights_from_disk", {"model_path": str(folder), "flush_cache": flush_cache})
+                return self._load_folder(folder, flush_cache)
         if self.transport == "ipc" and load_format is None and pairs and pairs[0][1].is_cuda:
             payloads, ipc_format = ipc_payloads(pairs, self.tp_size)
             body = {"serialized_named_tensors": payloads, "load_format": ipc_format, "flush_cache": flush_cache}
@@ -315,6 +316,10 @@ class SGLangHTTPEngine(SGLangBase):
             "flush_cache": flush_cache,
         }
         return self._post("/update_weights_from_tensor", body)
+
+    def _load_folder(self, folder: Path, flush_cache: bool) -> Any:
+        """Have the server load the safetensors in ``folder`` (a bucket written by :func:`bucket_folder`)."""
+        return self._post("/update_weights_from_disk", {"model_path": str(folder), "flush_cache": flush_cache})
 
     def _load_adapter(self, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Any:
         """The tensors as CUDA IPC handles (``ipc``, GPU tensors) or pickled, base64 (``inline``), one per rank."""

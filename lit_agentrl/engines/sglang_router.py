@@ -235,11 +235,16 @@ class SGLangRouterEngine(SGLangHTTPEngine):
         if weights_dir is None or load_format is not None:
             return self._each("weights", lambda server: server._push(pairs, load_format, flush_cache))
         with bucket_folder(weights_dir, pairs) as folder:
-            body = {"model_path": str(folder), "flush_cache": flush_cache}
-            return self._each("weights", lambda server: server._post("/update_weights_from_disk", body))
+            return self._each("weights", lambda server: server._load_folder(folder, flush_cache))
 
     async def abort(self, rids: list[str]) -> None:
-        await asyncio.gather(*(server.abort(rids) for server in self._live()), return_exceptions=True)
+        """Abort ``rids`` on every live server (a server that does not hold one answers 200); a server that cannot be
+        reached is logged, the others still aborted."""
+        servers = self._live()
+        results = await asyncio.gather(*(server.abort(rids) for server in servers), return_exceptions=True)
+        for server, result in zip(servers, results):
+            if isinstance(result, BaseException):
+                log.warning("could not abort requests on rollout server %s: %r", server.url, result)
 
     def _server_info(self) -> dict[str, Any]:
         return self._live()[0]._server_info()

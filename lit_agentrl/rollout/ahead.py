@@ -4,8 +4,9 @@ While step k trains, the rollouts of steps k+1 ... k+depth run on the engine (on
 thread). Each is keyed by its batch's place in the data stream (epoch, index), which Lightning will fetch in order;
 the loader's position only moves when a batch is trained. A checkpoint waits for the rollouts in flight and carries
 them whole (:meth:`RolloutsAhead.finished`), so a run killed with rollouts in flight resumes with exactly the
-trajectories the unbroken run trains: no prompt lost, repeated or generated again. A trajectory records the weight versions it was generated with; one more
-than ``async_rollouts.max_staleness`` steps older than the policy that trains on it is dropped and counted.
+trajectories the unbroken run trains: no prompt lost, repeated or generated again. A trajectory records the weight
+versions it was generated with; one more than ``async_rollouts.max_staleness`` steps older than the policy that trains
+on it is dropped and counted.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 from support import (
+    FSDP_TWO_RANKS,
     REPO_ROOT,
     kill_tree,
     quick_config,
@@ -46,10 +47,6 @@ def test_two_ranks_train_one_step_ahead_of_two_servers_behind_the_router(tmp_pat
             "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
             "init_args": {"dirpath": "ckpt", "every_n_train_steps": 2, "save_top_k": -1},
         }
-        strategy = {
-            "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
-            "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
-        }
         path = quick_config(
             tmp_path,
             quickstart_model_dir,
@@ -57,7 +54,7 @@ def test_two_ranks_train_one_step_ahead_of_two_servers_behind_the_router(tmp_pat
             n_samples=8,
             callbacks=[export, checkpoint],
             devices=2,
-            strategy=strategy,
+            strategy=FSDP_TWO_RANKS,
             enable_checkpointing=True,
         )
         config = yaml.safe_load(path.read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from support import REPO_ROOT, quick_config, read_csv, short_fit
+from support import FSDP_TWO_RANKS, REPO_ROOT, quick_config, read_csv, short_fit
 from transformers import AutoModelForCausalLM
 
 from lit_agentrl.cli import main
@@ -176,17 +176,13 @@ def test_two_process_fsdp2_fit_syncs_exact_weights_checkpoints_and_exports(tmp_p
         },
         {"class_path": "lit_agentrl.callbacks.export.HFExportCallback", "init_args": {"dirpath": str(tmp_path / "hf")}},
     ]
-    strategy = {
-        "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
-        "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
-    }
     config = quick_config(
         tmp_path,
         quickstart_model_dir,
         steps=3,
         callbacks=callbacks,
         devices=2,
-        strategy=strategy,
+        strategy=FSDP_TWO_RANKS,
         enable_checkpointing=True,
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO_ROOT)])}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from support import REPO_ROOT, short_fit
+from support import FSDP_TWO_RANKS, REPO_ROOT, short_fit
 from test_lora import LORA, lora_module
 
 from lit_agentrl.bridge.weights import sync_weights
@@ -174,11 +174,7 @@ def test_two_process_fsdp2_lora_checkpoints_the_adapter_shards_and_resumes_exact
     from torch.distributed.checkpoint import FileSystemReader
 
     def run(folder: str, *extra: str) -> None:
-        strategy = {
-            "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
-            "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
-        }
-        config = resume_run_config(tmp_path / folder, quickstart_model_dir, devices=2, strategy=strategy)
+        config = resume_run_config(tmp_path / folder, quickstart_model_dir, devices=2, strategy=FSDP_TWO_RANKS)
         command = [sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(config), "--model.lora.rank", "4"]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         result = subprocess.run([*command, *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
