@@ -105,6 +105,9 @@ class AgentGraph(ABC):
     required_fields: ClassVar[tuple[str, ...]] = ()
     """Row fields ``run`` needs (they reach it as keyword arguments): every row of the agent must have each, not
     null, or the data fails at setup naming the file, line and field. :meth:`row_errors` checks their values."""
+    scores_itself: ClassVar[bool] = False
+    """True for agents that always set ``reward_score`` (environments): their rows need no reward function and no
+    ground truth, and none is checked at setup."""
     check_template_drift: bool = False
     """When True, :meth:`convert_agent_graph_output` records ``extra_fields["template_drift"]``."""
     chatmodel: Runnable[LanguageModelInput, AIMessage]

@@ -13,8 +13,14 @@
 config (``MyEnv(cfg)``). The agent prompts the model with the row's prompt (and the first observation as a user
 turn), then for each model turn calls ``step`` with the turn's text and answers with the observation as the next
 user turn, until ``done`` or ``max_turns`` (agent YAML, default 8). The trajectory's reward is the sum of the step
-rewards; ``metrics`` (a dict on the instance) are logged as ``agent/<agent>/<name>``. Tokens are kept exactly as
-sampled, as in every agent (:class:`~lit_agentrl.agents.chat_model.ChatModel`).
+rewards, each also its turn's reward (``turn_rewards``); ``metrics`` (a dict on the instance) are logged as
+``agent/<agent>/<name>``. Tokens are kept exactly as sampled, as in every agent
+(:class:`~lit_agentrl.agents.chat_model.ChatModel`).
+
+Environments that speak chat messages (the field's libraries, ``lit_agentrl.agents.libraries``) may instead return
+from ``reset`` a list of messages (``{"role", "content"}``), the whole conversation to start from in place of the row's
+prompt, and from ``step`` a list of messages to append (empty: none). ``row_errors`` (a classmethod) checks each row at
+setup, as an agent's does.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import BaseMessage, HumanMessage, convert_to_messages
 
 from lit_agentrl.agents.base import AgentGraph, AgentGraphOutput
 from lit_agentrl.agents.config import cfg_get
@@ -46,11 +52,22 @@ class Environment(ABC):
 
     @abstractmethod
     def reset(self, row: dict[str, Any]) -> Any:
-        """Start the episode for ``row``; the first observation (a string), or None."""
+        """Start the episode for ``row``; the first observation (a string), the conversation to start from (a list
+        of messages), or None."""
 
     @abstractmethod
     def step(self, action: str) -> Any:
-        """The model's turn as text; ``(observation, reward, done)``."""
+        """The model's turn as text; ``(observation, reward, done)``, the observation a string or a list of
+        messages."""
+
+    def close(self) -> Any:
+        """Release what the episode holds; called once the trajectory ends, however it ends. May be a coroutine."""
+        return None
+
+    @classmethod
+    def row_errors(cls, row: Mapping[str, Any]) -> list[str]:
+        """What is wrong with a dataset row for this environment, each naming the field; checked at setup."""
+        return []
 
 
 E = TypeVar("E", bound=type[Environment])
@@ -60,6 +77,7 @@ class EnvironmentAgent(AgentGraph):
     """The agent an :class:`Environment` becomes: a model turn per step."""
 
     environment: ClassVar[type[Environment]]
+    scores_itself = True
 
     def build_graph(self) -> None:
         self.chatmodel = self.make_chat_model()
@@ -69,9 +87,29 @@ class EnvironmentAgent(AgentGraph):
             self.build_graph()
         max_turns = int(cfg_get(self.cfg, "max_turns", 8))
         env = type(self).environment(self.cfg)
-        first = await _maybe(env.reset({**kwargs, "messages": list(messages)}))
-        conversation: list[Any] = [*messages, *([HumanMessage(str(first))] if first is not None else [])]
-        rewards: list[float] = []  # one per model turn
+        try:
+            conversation, rewards = await self._play(env, messages, sampling_params, max_turns, kwargs)
+        finally:
+            await _maybe(env.close())
+        output = self.convert_agent_graph_output(conversation)
+        output.reward_score = 0.0  # the reward is the steps': each its turn's (turn_rewards), summed
+        output.turn_rewards = rewards
+        if env.metrics:
+            output.extra_fields[AGENT_METRICS_FIELD] = dict(env.metrics)
+        return output
+
+    async def _play(
+        self,
+        env: Environment,
+        messages: Sequence[Any],
+        sampling_params: Mapping[str, Any],
+        max_turns: int,
+        row: dict[str, Any],
+    ) -> tuple[list[Any], list[float]]:
+        """One episode: the conversation and one reward per model turn."""
+        first = await _maybe(env.reset({**row, "messages": list(messages)}))
+        conversation = _as_messages(first) if isinstance(first, list) else [*messages, *_as_messages(first)]
+        rewards: list[float] = []
         for _ in range(max_turns):
             reply = await self.chatmodel.ainvoke(conversation, sampling_params=sampling_params)
             conversation.append(reply)
@@ -79,13 +117,17 @@ class EnvironmentAgent(AgentGraph):
             rewards.append(reward)
             if done:
                 break
-            conversation.append(HumanMessage(str(observation)))
-        output = self.convert_agent_graph_output(conversation)
-        output.reward_score = 0.0  # the reward is the steps': each its turn's (turn_rewards), summed
-        output.turn_rewards = rewards
-        if env.metrics:
-            output.extra_fields[AGENT_METRICS_FIELD] = dict(env.metrics)
-        return output
+            conversation += _as_messages(observation)
+        return conversation, rewards
+
+
+def _as_messages(observation: Any) -> list[BaseMessage]:
+    """An observation as the messages it adds: a string is a user turn, a list is chat messages, None is nothing."""
+    if observation is None:
+        return []
+    if isinstance(observation, list):
+        return list(convert_to_messages(observation))
+    return [HumanMessage(str(observation))]
 
 
 async def _maybe(value: Any) -> Any:
@@ -110,6 +152,7 @@ def register_environment(agent_name: str) -> Callable[[E], E]:
         attributes = {
             "environment": environment,
             "required_fields": tuple(environment.required_fields),
+            "row_errors": classmethod(lambda cls, row: environment.row_errors(row)),
             "__module__": environment.__module__,
         }
         register(agent_name)(type(f"EnvironmentAgent_{agent_name}", (EnvironmentAgent,), attributes))

@@ -38,6 +38,8 @@ class AgentPromptDataModule(L.LightningDataModule):
             schemas); None: no limit.
         overlong_prompts: ``error`` refuses the data at setup, ``skip`` drops such rows and reports the count.
         tokenizer_path: the tokenizer that measures prompts (the CLI links it to ``model.model_path``).
+        row_defaults: fields every row gets unless it has them, e.g. ``{agent_name: skyrl_gym, agent_cfg_path: ...}``
+            to train another framework's files (SkyRL's parquet) unchanged.
 
     Example (YAML, under ``data:``)::
 
@@ -57,6 +59,7 @@ class AgentPromptDataModule(L.LightningDataModule):
         max_prompt_length: int | None = None,
         overlong_prompts: Literal["error", "skip"] = "error",
         tokenizer_path: str | None = None,
+        row_defaults: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if prompts_per_step < 1:
@@ -72,6 +75,7 @@ class AgentPromptDataModule(L.LightningDataModule):
         if max_prompt_length is not None and max_prompt_length < 1:
             raise UserInputError(f"data.max_prompt_length must be >= 1 or null, got {max_prompt_length}")
         self.max_prompt_length = max_prompt_length
+        self.row_defaults = dict(row_defaults or {})
         self.overlong_prompts = overlong_prompts
         self.tokenizer_path = tokenizer_path
         self._train_loader: PromptBatchLoader | None = None
@@ -109,7 +113,7 @@ class AgentPromptDataModule(L.LightningDataModule):
         check_ground_truths(self._files, reward_fn, key)
 
     def _load(self, paths: list[str]) -> list[dict[str, Any]]:
-        files = load_validated_files(paths, reward_fn=None)
+        files = load_validated_files(paths, reward_fn=None, row_defaults=self.row_defaults)
         self._files += files
         return [row for file in files for row in file.rows]
 

@@ -24,9 +24,18 @@ def row_errors(row: Mapping[str, Any], data_dir: Path, reward_fn: str | None) ->
     """What is wrong with one row, each naming the field; empty when the row is usable."""
     errors = _agent_errors(row, data_dir)
     errors += _prompt_errors(row)
-    errors += _ground_truth_errors(row, reward_fn)
+    if not _scores_itself(row):
+        errors += _ground_truth_errors(row, reward_fn)
     errors += _image_errors(row)
     return errors
+
+
+def _scores_itself(row: Mapping[str, Any]) -> bool:
+    """Whether the row's agent sets its own reward (an environment), so no reward function applies to the row."""
+    try:
+        return bool(getattr(get_agent_class(str(row.get("agent_name"))), "scores_itself", False))
+    except KeyError:
+        return False
 
 
 def _image_errors(row: Mapping[str, Any]) -> list[str]:
@@ -96,10 +105,10 @@ def _ground_truth_errors(row: Mapping[str, Any], reward_fn: str | None) -> list[
     if reward is None:
         return []
     truth = row_ground_truth(row)
-    if truth in (None, ""):
+    if truth in (None, "") and getattr(reward, "needs_ground_truth", True):
         return ["field 'reward_model.ground_truth' (or 'ground_truth') is missing; the reward function needs it"]
     check = getattr(reward, "check_ground_truth", None)
-    problem = check(truth) if check is not None else None
+    problem = check(truth) if check is not None and truth not in (None, "") else None
     return [f"field 'reward_model.ground_truth' {problem}"] if problem else []
 
 
@@ -175,15 +184,21 @@ def resolve_cfg_path(cfg_path: str, data_dir: Path) -> str:
     return str(path)
 
 
-def load_and_validate(paths: Sequence[str], reward_fn: str | None) -> list[dict[str, Any]]:
+def load_and_validate(
+    paths: Sequence[str], reward_fn: str | None, row_defaults: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Load every file and validate every row; one :class:`UserInputError` lists the first problems found,
-    each with its file, line (or row) and field."""
-    return [row for file in load_validated_files(paths, reward_fn) for row in file.rows]
+    each with its file, line (or row) and field. ``row_defaults``: fields given to every row without them."""
+    return [row for file in load_validated_files(paths, reward_fn, row_defaults) for row in file.rows]
 
 
-def load_validated_files(paths: Sequence[str], reward_fn: str | None) -> list[DataFile]:
+def load_validated_files(
+    paths: Sequence[str], reward_fn: str | None, row_defaults: Mapping[str, Any] | None = None
+) -> list[DataFile]:
     """:func:`load_and_validate`'s files, each row's place in its file kept (for :func:`check_ground_truths`)."""
     files = [read_data_file(path) for path in paths]
+    for file in files:
+        file.rows[:] = [{**(row_defaults or {}), **row} for row in file.rows]
     problems: _Problems = {}
     for f, file in enumerate(files):
         data_dir = Path(file.path).resolve().parent
@@ -202,7 +217,7 @@ def check_ground_truths(files: Sequence[DataFile], reward_fn: str | None, key: s
     problems: _Problems = {}
     for f, file in enumerate(files):
         for i, row in enumerate(file.rows):
-            for error in _ground_truth_errors(row, reward_fn):
+            for error in [] if _scores_itself(row) else _ground_truth_errors(row, reward_fn):
                 problems.setdefault((f, error), []).append(i)
     _raise_problems(files, problems, f"each row scored by {key}={reward_fn!r} needs a ground truth")
 
