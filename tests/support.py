@@ -164,6 +164,51 @@ def short_fit(config: str | Path, model_dir: Path, save_dir: Path, steps: int = 
     return read_csv(next(save_dir.rglob("metrics.csv")))
 
 
+def fit_rows(
+    tmp_path: Path,
+    model_dir: Path,
+    rows: Sequence[dict],
+    *,
+    steps: int = 2,
+    n_samples: int = 2,
+    max_new_tokens: int = 8,
+    rollout: dict | None = None,
+) -> tuple[list[dict], list[dict]]:
+    """``lit-agentrl fit`` on ``rows`` (every row each step, and as the validation set) for ``steps`` steps, every
+    trajectory logged: the CSV's metrics rows and the trajectory log's records. ``rollout``: more RolloutCallback
+    settings."""
+    import json
+
+    from lit_agentrl.cli import main
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = cpu_run(
+        model_dir,
+        tmp_path,
+        max_steps=steps,
+        rollout={
+            "train": {
+                "n_samples": n_samples,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0},
+            },
+            "validation": {"sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}},
+            "health": {"template_drift": False},
+            **(rollout or {}),
+        },
+        model={"optimizer": {"lr": 5.0e-4}},
+        data={"train_files": str(data), "val_files": str(data), "prompts_per_step": len(rows), "shuffle": False},
+        callbacks=[{"class_path": "lit_agentrl.callbacks.TrajectoryLog", "init_args": {"max_per_step": None}}],
+        val_check_interval=steps,
+        check_val_every_n_epoch=None,
+    )
+    main(["fit", "--config", str(write_config(config, tmp_path / "config.yaml"))])
+    logs = tmp_path / "logs"
+    records = [json.loads(line) for path in sorted(logs.rglob("rank*.jsonl")) for line in path.open()]
+    return read_csv(next(logs.rglob("metrics.csv"))), records
+
+
 def read_csv(path: Path) -> list[dict]:
     with open(path) as f:
         return list(csv.DictReader(f))

@@ -10,8 +10,10 @@ from lit_agentrl.agents.environment import Environment, EnvironmentAgent, regist
 from lit_agentrl.agents.openai_client import AgentResult, OpenAIClientAgent, register_openai_agent
 from lit_agentrl.agents.registry import get_agent_class, import_agent_modules, register, registered_agents
 
-# Built-in agents register themselves on import.
+# Built-in agents register themselves on import; so do the adapters of the field's libraries (which import their
+# library only when a row uses it).
 from lit_agentrl.agents import geo3k, guess_digit, mathcode, matheval, openai_command, single_turn, vision_toy  # noqa: F401  isort: skip
+from lit_agentrl.agents import libraries  # noqa: F401  isort: skip
 
 __all__ = [
     "AgentGraph",
