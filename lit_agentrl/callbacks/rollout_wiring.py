@@ -24,6 +24,7 @@ from lit_agentrl.models.processors import load_policy_processor, load_tokenizer
 from lit_agentrl.registry import import_modules
 from lit_agentrl.rollout.fleet import EngineFleet, check_serves_adapters
 from lit_agentrl.rollout.health import RolloutHealth
+from lit_agentrl.rollout.judge import LLMJudge
 from lit_agentrl.rollout.loop import RolloutLoop
 from lit_agentrl.rollout.manager import RolloutManager
 from lit_agentrl.rollout.metrics import RolloutMetrics
@@ -103,6 +104,7 @@ def build_rollout(
         trajectory_timeout_s=settings.health.trajectory_timeout_s,
         reward_fn=settings.reward.fn,
         check_template_drift=settings.health.template_drift,
+        judge=LLMJudge(settings.reward.judge, seeds.base) if settings.reward.judge is not None else None,
     )
     loop = RolloutLoop(manager, seeds, settings.train, settings.validation, settings.async_rollouts, collective)
     if settings.async_rollouts is not None:

@@ -162,6 +162,54 @@ class ValidationRollouts:
         self.sampling.check_for_rollouts(f"{where}.sampling_params", f"{where}.n_samples", training=False)
 
 
+DEFAULT_JUDGE_RUBRIC = (
+    "You grade a response to a task. Judge whether the response is correct and complete (against the reference "
+    "answer, when one is given). Reason briefly, then end your reply with one line: SCORE: <a number from 0 to 1>."
+)
+
+
+@dataclass(frozen=True)
+class Judge:
+    """An LLM judge (``RolloutCallback.reward.judge``), which the ``judge`` reward asks to score each trajectory.
+
+    Either ``base_url`` (any OpenAI-compatible endpoint, served elsewhere) or ``model_path`` (a judge model served in
+    this process by a registered engine, the rollout's ranks each with one).
+
+    Args:
+        base_url: the endpoint (``http://host:port/v1``); its key is read from the environment variable
+            ``api_key_env`` (unset: ``EMPTY``, what local servers take).
+        model: the model name to ask the endpoint for (a local judge: its folder's name).
+        api_key_env: the environment variable holding the endpoint's key (never the key itself in a config).
+        model_path: a local judge model folder, served by ``engine`` (with ``engine_kwargs``).
+        engine: a registered engine name for ``model_path`` (default ``transformers``).
+        engine_kwargs: the judge engine's constructor arguments.
+        rubric: the judge's instructions (its system message); the reply must end with ``SCORE: <0..1>``.
+        max_tokens: the judge reply's length limit.
+        timeout_s: a judge call's time limit; past it the trajectory fails, named (never a silent zero).
+        max_concurrency: judge calls in flight at once per rank.
+    """
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    model_path: str | None = None
+    engine: str = "transformers"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    rubric: str = DEFAULT_JUDGE_RUBRIC
+    max_tokens: int = 512
+    timeout_s: float = 120.0
+    max_concurrency: int = 16
+
+    def __post_init__(self) -> None:
+        where = "RolloutCallback.reward.judge"
+        if (self.base_url is None) == (self.model_path is None):
+            raise UserInputError(f"{where}: set exactly one of base_url (an OpenAI-compatible endpoint) and model_path")
+        if self.base_url is not None and not self.model:
+            raise UserInputError(f"{where}.model: name the model the endpoint {self.base_url} serves")
+        if self.timeout_s <= 0 or self.max_tokens < 1 or self.max_concurrency < 1:
+            raise UserInputError(f"{where}: timeout_s, max_tokens and max_concurrency must be positive")
+
+
 @dataclass(frozen=True)
 class Rewards:
     """How trajectories are scored (``RolloutCallback.reward``; a name alone, ``reward: math``, is ``{fn: math}``).
@@ -172,10 +220,19 @@ class Rewards:
 
     Args:
         fn: the default reward function: ``math``, ``next_digit``, ... or your ``@register_reward`` (null: rows
-            without a known ``data_source`` or an agent's score get none, and fail).
+            without a known ``data_source`` or an agent's score get none, and fail); ``judge``: the LLM ``judge``.
+        judge: the LLM judge of the ``judge`` reward (required by it, refused without it).
     """
 
     fn: str | None = None
+    judge: Judge | None = None
+
+    def __post_init__(self) -> None:
+        if (self.fn == "judge") != (self.judge is not None):
+            raise UserInputError(
+                "RolloutCallback.reward: fn: judge and reward.judge go together (the judge reward needs its judge; a "
+                f"judge with fn={self.fn!r} would never be asked)"
+            )
 
 
 @dataclass(frozen=True)

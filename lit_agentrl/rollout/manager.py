@@ -32,6 +32,7 @@ from lit_agentrl.loop_services import stop_loop_services
 from lit_agentrl.rewards import RewardFn, resolve_reward_fn
 from lit_agentrl.rollout.background import BackgroundLoop
 from lit_agentrl.rollout.faults import raise_reported_faults
+from lit_agentrl.rollout.judge import JUDGE_FIELD, LLMJudge, judge_reward
 from lit_agentrl.rollout.tail import GroupedRollout
 from lit_agentrl.rows import agent_run_kwargs
 from lit_agentrl.turns import turn_spans
@@ -77,6 +78,7 @@ class RolloutManager:
         reward_fn: str | None = None,
         check_template_drift: bool = True,
         reward_workers: int = DEFAULT_REWARD_WORKERS,
+        judge: LLMJudge | None = None,
     ) -> None:
         if not engines:
             raise ValueError("RolloutManager needs at least one engine")
@@ -92,6 +94,7 @@ class RolloutManager:
         self.max_inflight_per_engine = max_inflight_per_engine
         self.trajectory_timeout_s = trajectory_timeout_s
         self.reward_fn = reward_fn
+        self.judge = judge
         self.check_template_drift = check_template_drift
         self._graphs: dict[tuple[str, str | None, int], AgentGraph] = {}
         self._outstanding = [0] * len(self.engines)
@@ -205,6 +208,8 @@ class RolloutManager:
         if self._reward_pool is not None:
             self._reward_pool.shutdown(wait=True)
             self._reward_pool = None
+        if self.judge is not None:
+            self.judge.close()
         if any(self._loop is e.loop for e in self.engines):
             return
         if self._loop is not None and not self._loop.is_closed():
@@ -307,6 +312,10 @@ class RolloutManager:
                 f"no reward for agent {row.get('agent_name')!r}: it set no reward_score and no reward function "
                 f"matches data_source={row.get('data_source')!r} (set RolloutCallback.reward)"
             )
+        if reward_fn is judge_reward and self.judge is not None:  # asked from this loop: judging overlaps generation
+            score, record = await self.judge.score(dict(row), output.str_output)
+            output.extra_fields[JUDGE_FIELD] = record
+            return score
         fields = {k: v for k, v in row.items() if k != "ground_truth"}
         call = functools.partial(self._timed_reward, reward_fn, output.str_output, ground_truth, fields)
         return await asyncio.get_running_loop().run_in_executor(self._reward_executor(), call)

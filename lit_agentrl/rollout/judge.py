@@ -1,0 +1,157 @@
+"""The LLM judge: the ``judge`` reward asks a judge model to score each trajectory by a rubric.
+
+The judge is any OpenAI-compatible endpoint (``reward.judge.base_url``: a vLLM or SGLang server, a hosted API) or a
+judge model served in this process by a registered engine (``reward.judge.model_path``). A trajectory's call is made
+from the rollout's event loop once its generation is done, so judging overlaps the generation of the others, at most
+``max_concurrency`` calls at a time. The judge sees the rubric (system), then the task (the row's prompt), the
+reference answer when the row has a ground truth, and the response (the trajectory's generated text); its reply must
+end with ``SCORE: <number in [0, 1]>``. A call that fails, times out or answers without a score fails the
+trajectory with a :class:`JudgeError` naming the judge and what it said (counted in ``rollout/failed`` and the step's
+failure report, never a silent zero). The judge's messages, reply and score are kept in the trajectory's
+``extra["judge"]`` (the trajectory log and the viewer show them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import re
+from typing import Any, Protocol
+
+from langchain_core.messages import convert_to_openai_messages
+
+from lit_agentrl.agents.chat_model import ChatModel
+from lit_agentrl.config.rollout import Judge
+from lit_agentrl.engines import SamplingParams
+from lit_agentrl.engines.registry import build_engines
+from lit_agentrl.models.processors import load_tokenizer
+from lit_agentrl.rewards.registry import register_reward
+from lit_agentrl.rows import row_ground_truth
+
+__all__ = ["JUDGE_FIELD", "JudgeError", "LLMJudge", "judge_messages", "parse_score"]
+
+JUDGE_FIELD = "judge"  # the trajectory's extra field holding the judge's messages, reply and score
+_SCORE = re.compile(r"SCORE:\s*([-+]?\d*\.?\d+(?:[eE][-+]?\d+)?)", re.IGNORECASE)
+
+
+class JudgeError(RuntimeError):
+    """A judge call that gave no usable score: the trajectory fails, named."""
+
+
+class _Backend(Protocol):
+    where: str
+
+    async def reply(self, messages: list[dict[str, str]]) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class _Endpoint:
+    """An OpenAI-compatible endpoint, through the official client."""
+
+    def __init__(self, settings: Judge) -> None:
+        import openai
+
+        self.where = f"{settings.base_url} ({settings.model})"
+        self.model, self.max_tokens = settings.model, settings.max_tokens
+        key = os.environ.get(settings.api_key_env) or "EMPTY"
+        self.client = openai.AsyncOpenAI(base_url=settings.base_url, api_key=key, max_retries=0)
+
+    async def reply(self, messages: list[dict[str, str]]) -> str:
+        response = await self.client.chat.completions.create(
+            model=str(self.model),
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=self.max_tokens,
+            temperature=0.0,
+        )
+        return response.choices[0].message.content or ""
+
+    def close(self) -> None:
+        """The client's connections close with the event loop that opened them."""
+
+
+class _LocalEngine:
+    """A judge model served in this process by a registered engine, greedy."""
+
+    def __init__(self, settings: Judge, seed: int) -> None:
+        path = str(settings.model_path)
+        self.where = f"the {settings.engine} engine over {path}"
+        (self.engine,) = build_engines(settings.engine, path, seed=seed, **settings.engine_kwargs)[:1]
+        self.chat = ChatModel(model="judge", llm=self.engine, tokenizer=load_tokenizer(path))
+        self.sampling = SamplingParams.of({"max_new_tokens": settings.max_tokens, "temperature": 0.0})
+
+    async def reply(self, messages: list[dict[str, str]]) -> str:
+        return str((await self.chat.ainvoke(messages, sampling_params=self.sampling)).content)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+class LLMJudge:
+    """Scores trajectories with the judge of ``settings`` (see the module's docstring)."""
+
+    def __init__(self, settings: Judge, seed: int = 0) -> None:
+        self.settings = settings
+        self.backend: _Backend = _Endpoint(settings) if settings.base_url else _LocalEngine(settings, seed)
+        self._slots: asyncio.Semaphore | None = None
+
+    async def score(self, row: dict[str, Any], response: str) -> tuple[float, dict[str, Any]]:
+        """The judge's score of ``response`` to ``row``'s task, and the record kept with the trajectory."""
+        messages = judge_messages(self.settings.rubric, row, response)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.settings.max_concurrency)
+        async with self._slots:
+            # Outside the trajectory's context: the judge samples by its own parameters, not the policy's.
+            call = asyncio.get_running_loop().create_task(self.backend.reply(messages), context=contextvars.Context())
+            try:
+                reply = await asyncio.wait_for(call, self.settings.timeout_s)
+            except TimeoutError:
+                raise JudgeError(
+                    f"the judge ({self.backend.where}) gave no reply within {self.settings.timeout_s} s"
+                ) from None
+            except Exception as exc:
+                raise JudgeError(f"the judge ({self.backend.where}) failed: {type(exc).__name__}: {exc}") from exc
+        score = parse_score(reply, self.backend.where)
+        return score, {"messages": messages, "reply": reply, "score": score}
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def judge_messages(rubric: str, row: dict[str, Any], response: str) -> list[dict[str, str]]:
+    """What the judge is asked: the rubric, then the task, the reference answer (if any) and the response."""
+    prompt = convert_to_openai_messages(list(row.get("prompt") or row.get("messages") or []))
+    task = "\n".join(f"{m['role']}: {_text(m.get('content'))}" for m in prompt)
+    parts = [f"# Task\n{task}"]
+    truth = row_ground_truth(row)
+    if truth not in (None, ""):
+        parts.append(f"# Reference answer\n{truth}")
+    parts.append(f"# Response\n{response}")
+    return [{"role": "system", "content": rubric}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def parse_score(reply: str, where: str) -> float:
+    """The number after the reply's last ``SCORE:``, in [0, 1]; :class:`JudgeError` quoting the reply otherwise."""
+    found = _SCORE.findall(reply)
+    if not found:
+        raise JudgeError(f"the judge ({where}) replied without 'SCORE: <0..1>': {reply[-300:]!r}")
+    score = float(found[-1])
+    if not 0.0 <= score <= 1.0:
+        raise JudgeError(f"the judge ({where}) scored {score}, outside [0, 1]: {reply[-300:]!r}")
+    return score
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return " ".join(str(part.get("text")) for part in content or [] if isinstance(part, dict) and part.get("text"))
+
+
+@register_reward("judge")
+def judge_reward(completion: str, ground_truth: Any, **row: Any) -> float:
+    """The name rows and ``reward.fn`` choose the judge by; the rollout manager asks its :class:`LLMJudge` instead."""
+    raise JudgeError("the 'judge' reward needs RolloutCallback.reward.judge (an endpoint or a local judge model)")
+
+
+judge_reward.needs_ground_truth = False  # type: ignore[attr-defined]
