@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.errors import UserInputError
@@ -166,6 +166,11 @@ DEFAULT_JUDGE_RUBRIC = (
     "You grade a response to a task. Judge whether the response is correct and complete (against the reference "
     "answer, when one is given). Reason briefly, then end your reply with one line: SCORE: <a number from 0 to 1>."
 )
+DEFAULT_RANKING_RUBRIC = (
+    "You compare several responses to the same task. Judge how well each one achieves the task (against the reference "
+    "answer, when one is given), relative to the others: the best gets the highest score. Reason briefly, then end "
+    "your reply with one line per response, in order: SCORE <response number>: <a number from 0 to 1>."
+)
 
 
 @dataclass(frozen=True)
@@ -183,7 +188,11 @@ class Judge:
         model_path: a local judge model folder, served by ``engine`` (with ``engine_kwargs``).
         engine: a registered engine name for ``model_path`` (default ``transformers``).
         engine_kwargs: the judge engine's constructor arguments.
-        rubric: the judge's instructions (its system message); the reply must end with ``SCORE: <0..1>``.
+        mode: ``score``: each trajectory judged alone; ``rank``: a prompt group's trajectories judged together, each
+            scored relative to the others (RULER's idea: GRPO only needs the order within a group), one call per
+            group, after the whole group is generated.
+        rubric: the judge's instructions (its system message; default: one per mode); the reply must end with
+            ``SCORE: <0..1>`` (``score``) or one ``SCORE <k>: <0..1>`` line per response (``rank``).
         max_tokens: the judge reply's length limit.
         timeout_s: a judge call's time limit; past it the trajectory fails, named (never a silent zero).
         max_concurrency: judge calls in flight at once per rank.
@@ -195,7 +204,8 @@ class Judge:
     model_path: str | None = None
     engine: str = "transformers"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    rubric: str = DEFAULT_JUDGE_RUBRIC
+    mode: Literal["score", "rank"] = "score"
+    rubric: str | None = None
     max_tokens: int = 512
     timeout_s: float = 120.0
     max_concurrency: int = 16
@@ -208,6 +218,15 @@ class Judge:
             raise UserInputError(f"{where}.model: name the model the endpoint {self.base_url} serves")
         if self.timeout_s <= 0 or self.max_tokens < 1 or self.max_concurrency < 1:
             raise UserInputError(f"{where}: timeout_s, max_tokens and max_concurrency must be positive")
+        if self.mode not in ("score", "rank"):
+            raise UserInputError(f"{where}.mode must be 'score' or 'rank', got {self.mode!r}")
+
+    @property
+    def instructions(self) -> str:
+        """The rubric, or the mode's default."""
+        if self.rubric is not None:
+            return self.rubric
+        return DEFAULT_JUDGE_RUBRIC if self.mode == "score" else DEFAULT_RANKING_RUBRIC
 
 
 @dataclass(frozen=True)

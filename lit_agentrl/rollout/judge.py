@@ -1,11 +1,15 @@
 """The LLM judge: the ``judge`` reward asks a judge model to score each trajectory by a rubric.
 
+Two modes (``reward.judge.mode``): ``score`` asks about each trajectory alone; ``rank`` (RULER's idea: GRPO needs only
+how a group's trajectories compare) asks once per prompt group, after the whole group is generated, for a score of
+each response relative to the others.
+
 The judge is any OpenAI-compatible endpoint (``reward.judge.base_url``: a vLLM or SGLang server, a hosted API) or a
 judge model served in this process by a registered engine (``reward.judge.model_path``). A trajectory's call is made
 from the rollout's event loop once its generation is done, so judging overlaps the generation of the others, at most
 ``max_concurrency`` calls at a time. The judge sees the rubric (system), then the task (the row's prompt), the
 reference answer when the row has a ground truth, and the response (the trajectory's generated text); its reply must
-end with ``SCORE: <number in [0, 1]>``. A call that fails, times out or answers without a score fails the
+end with ``SCORE: <number in [0, 1]>`` (``rank``: a line ``SCORE <k>: <number>`` per response). A call that fails, times out or answers without a score fails the
 trajectory with a :class:`JudgeError` naming the judge and what it said (counted in ``rollout/failed`` and the step's
 failure report, never a silent zero). The judge's messages, reply and score are kept in the trajectory's
 ``extra["judge"]`` (the trajectory log and the viewer show them).
@@ -29,10 +33,20 @@ from lit_agentrl.models.processors import load_tokenizer
 from lit_agentrl.rewards.registry import register_reward
 from lit_agentrl.rows import row_ground_truth
 
-__all__ = ["JUDGE_FIELD", "JudgeError", "LLMJudge", "judge_messages", "parse_score"]
+__all__ = [
+    "JUDGE_FIELD",
+    "JudgeError",
+    "LLMJudge",
+    "judge_messages",
+    "parse_ranked_scores",
+    "parse_score",
+    "ranking_messages",
+]
 
 JUDGE_FIELD = "judge"  # the trajectory's extra field holding the judge's messages, reply and score
-_SCORE = re.compile(r"SCORE:\s*([-+]?\d*\.?\d+(?:[eE][-+]?\d+)?)", re.IGNORECASE)
+_NUMBER = r"([-+]?\d*\.?\d+(?:[eE][-+]?\d+)?)"
+_SCORE = re.compile(rf"SCORE:\s*{_NUMBER}", re.IGNORECASE)
+_RANKED = re.compile(rf"SCORE\s+(\d+)\s*:\s*{_NUMBER}", re.IGNORECASE)
 
 
 class JudgeError(RuntimeError):
@@ -96,24 +110,39 @@ class LLMJudge:
         self.backend: _Backend = _Endpoint(settings) if settings.base_url else _LocalEngine(settings, seed)
         self._slots: asyncio.Semaphore | None = None
 
+    @property
+    def ranks(self) -> bool:
+        """Whether the judge scores a prompt group's trajectories together (``mode: rank``)."""
+        return self.settings.mode == "rank"
+
     async def score(self, row: dict[str, Any], response: str) -> tuple[float, dict[str, Any]]:
         """The judge's score of ``response`` to ``row``'s task, and the record kept with the trajectory."""
-        messages = judge_messages(self.settings.rubric, row, response)
+        messages = judge_messages(self.settings.instructions, row, response)
+        reply = await self._ask(messages)
+        score = parse_score(reply, self.backend.where)
+        return score, {"messages": messages, "reply": reply, "score": score}
+
+    async def rank(self, row: dict[str, Any], responses: list[str]) -> tuple[list[float], dict[str, Any]]:
+        """The judge's scores of a group's ``responses`` compared with each other, and the group's record."""
+        messages = ranking_messages(self.settings.instructions, row, responses)
+        reply = await self._ask(messages)
+        scores = parse_ranked_scores(reply, len(responses), self.backend.where)
+        return scores, {"messages": messages, "reply": reply, "scores": scores}
+
+    async def _ask(self, messages: list[dict[str, str]]) -> str:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.settings.max_concurrency)
         async with self._slots:
             # Outside the trajectory's context: the judge samples by its own parameters, not the policy's.
             call = asyncio.get_running_loop().create_task(self.backend.reply(messages), context=contextvars.Context())
             try:
-                reply = await asyncio.wait_for(call, self.settings.timeout_s)
+                return await asyncio.wait_for(call, self.settings.timeout_s)
             except TimeoutError:
                 raise JudgeError(
                     f"the judge ({self.backend.where}) gave no reply within {self.settings.timeout_s} s"
                 ) from None
             except Exception as exc:
                 raise JudgeError(f"the judge ({self.backend.where}) failed: {type(exc).__name__}: {exc}") from exc
-        score = parse_score(reply, self.backend.where)
-        return score, {"messages": messages, "reply": reply, "score": score}
 
     def close(self) -> None:
         self.backend.close()
@@ -121,14 +150,23 @@ class LLMJudge:
 
 def judge_messages(rubric: str, row: dict[str, Any], response: str) -> list[dict[str, str]]:
     """What the judge is asked: the rubric, then the task, the reference answer (if any) and the response."""
+    parts = [*_task(row), f"# Response\n{response}"]
+    return [{"role": "system", "content": rubric}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def ranking_messages(rubric: str, row: dict[str, Any], responses: list[str]) -> list[dict[str, str]]:
+    """What a ranking judge is asked: the rubric, the task, the reference answer (if any) and the numbered responses."""
+    parts = [*_task(row), *(f"# Response {k}\n{response}" for k, response in enumerate(responses, 1))]
+    return [{"role": "system", "content": rubric}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def _task(row: dict[str, Any]) -> list[str]:
     prompt = convert_to_openai_messages(list(row.get("prompt") or row.get("messages") or []))
-    task = "\n".join(f"{m['role']}: {_text(m.get('content'))}" for m in prompt)
-    parts = [f"# Task\n{task}"]
+    parts = ["# Task\n" + "\n".join(f"{m['role']}: {_text(m.get('content'))}" for m in prompt)]
     truth = row_ground_truth(row)
     if truth not in (None, ""):
         parts.append(f"# Reference answer\n{truth}")
-    parts.append(f"# Response\n{response}")
-    return [{"role": "system", "content": rubric}, {"role": "user", "content": "\n\n".join(parts)}]
+    return parts
 
 
 def parse_score(reply: str, where: str) -> float:
@@ -140,6 +178,19 @@ def parse_score(reply: str, where: str) -> float:
     if not 0.0 <= score <= 1.0:
         raise JudgeError(f"the judge ({where}) scored {score}, outside [0, 1]: {reply[-300:]!r}")
     return score
+
+
+def parse_ranked_scores(reply: str, count: int, where: str) -> list[float]:
+    """``SCORE <k>: <x>`` for each response ``k`` in 1..count (a later line for the same ``k`` wins), each in [0, 1];
+    :class:`JudgeError` quoting the reply when one is missing or out of range."""
+    scores = {int(k): float(x) for k, x in _RANKED.findall(reply)}
+    missing = [k for k in range(1, count + 1) if k not in scores]
+    if missing:
+        raise JudgeError(f"the judge ({where}) gave no 'SCORE <k>: <0..1>' for responses {missing}: {reply[-300:]!r}")
+    ranked = [scores[k] for k in range(1, count + 1)]
+    if not all(0.0 <= x <= 1.0 for x in ranked):
+        raise JudgeError(f"the judge ({where}) scored outside [0, 1]: {reply[-300:]!r}")
+    return ranked
 
 
 def _text(content: Any) -> str:

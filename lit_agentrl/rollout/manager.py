@@ -193,7 +193,24 @@ class RolloutManager:
     ) -> list[Trajectory]:
         """The ``n_samples`` trajectories of one row."""
         tags = [TrajectoryTag(gate, (group, sample), seed) for sample in range(n_samples)]
-        return list(await asyncio.gather(*(self._run_one(row, tag, sampling_params) for tag in tags)))
+        trajectories = list(await asyncio.gather(*(self._run_one(row, tag, sampling_params) for tag in tags)))
+        if self.judge is not None and self.judge.ranks:
+            await self._rank(row, [t for t in trajectories if _awaits_ranking(t)])
+        return trajectories
+
+    async def _rank(self, row: Mapping[str, Any], trajectories: list[Trajectory]) -> None:
+        """A ranking judge's scores for the group's finished trajectories (one call); its fault fails them all."""
+        if not trajectories or self.judge is None:
+            return
+        try:
+            scores, record = await self.judge.rank(dict(row), [t.str_output for t in trajectories])
+        except Exception as exc:
+            for t in trajectories:
+                t.failed, t.failure_reason = True, f"{type(exc).__name__}: {exc}"
+            return
+        for index, (t, score) in enumerate(zip(trajectories, scores)):
+            t.reward = score + sum(t.turn_rewards or ())
+            t.extra_fields[JUDGE_FIELD] = {**record, "response": index + 1, "score": score}
 
     def close(self) -> None:
         """Stop the services its agents started on its loops (the OpenAI gateways), the background thread (cancelling
@@ -313,6 +330,9 @@ class RolloutManager:
                 f"matches data_source={row.get('data_source')!r} (set RolloutCallback.reward)"
             )
         if reward_fn is judge_reward and self.judge is not None:  # asked from this loop: judging overlaps generation
+            if self.judge.ranks:  # scored with its group (_rank): a NaN until then, never a silent number
+                output.extra_fields[JUDGE_FIELD] = {"awaiting_ranking": True}
+                return math.nan
             score, record = await self.judge.score(dict(row), output.str_output)
             output.extra_fields[JUDGE_FIELD] = record
             return score
@@ -397,6 +417,11 @@ def check_sequence(
         raise ValueError(f"{where}all_token_ids must start with prompt_ids, which carry loss_mask 0")
     if response_logprobs is not None and len(response_logprobs) != n - p:
         raise ValueError(f"{where}response_logprobs has {len(response_logprobs)} entries for {n - p} response tokens")
+
+
+def _awaits_ranking(trajectory: Trajectory) -> bool:
+    judged = trajectory.extra_fields.get(JUDGE_FIELD)
+    return not trajectory.failed and isinstance(judged, dict) and judged.get("awaiting_ranking") is True
 
 
 def _to_trajectory(

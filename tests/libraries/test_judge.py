@@ -4,7 +4,9 @@ trajectory; its failures fail the trajectory, named and counted."""
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
+import string
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,13 +16,21 @@ import torch
 from support import fit_rows, free_port
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lit_agentrl.config.rollout import DEFAULT_JUDGE_RUBRIC, Judge, Rewards
+from lit_agentrl.config.rollout import DEFAULT_JUDGE_RUBRIC, DEFAULT_RANKING_RUBRIC, Judge, Rewards
 from lit_agentrl.errors import UserInputError
-from lit_agentrl.rollout.judge import JudgeError, LLMJudge, judge_messages, parse_score
+from lit_agentrl.rollout.judge import (
+    JudgeError,
+    LLMJudge,
+    judge_messages,
+    parse_ranked_scores,
+    parse_score,
+    ranking_messages,
+)
 from lit_agentrl.rollout.manager import RolloutManager
 
 pytestmark = pytest.mark.slow
 VERDICT = "SCORE: 1"
+RANKING = "SCORE 1: 1\nSCORE 2: 0.25"
 
 
 def rows(count: int) -> list[dict]:
@@ -30,28 +40,45 @@ def rows(count: int) -> list[dict]:
     ]
 
 
-@pytest.fixture(scope="module")
-def judge_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model taught in a few seconds of supervised training to answer any judge prompt with ``SCORE: 1``: a
+def taught_judge(tiny_model_dir: Path, out: Path, verdict: str, prompts: list[list[dict]], steps: int = 60) -> Path:
+    """The tiny model taught in a few seconds of supervised training to answer the judge's prompts with ``verdict``: a
     real model and engine standing for a judge model (a random one never writes a score)."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    target = [*tokenizer.encode(VERDICT, add_special_tokens=False), tokenizer.eos_token_id]
-    prompts = [
-        chat_ids(tokenizer, judge_messages(DEFAULT_JUDGE_RUBRIC, row, response))
-        for row, response in zip(rows(4), ["yes", "12", "a b c", ""])
-    ]
+    target = [*tokenizer.encode(verdict, add_special_tokens=False), tokenizer.eos_token_id]
+    ids = [chat_ids(tokenizer, messages) for messages in prompts]
     torch.manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(60):
-        loss = torch.stack([_reply_loss(model, prompt, target) for prompt in prompts]).mean()
+    for _ in range(steps):
+        loss = torch.stack([_reply_loss(model, prompt, target) for prompt in ids]).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    out = tmp_path_factory.mktemp("judge-model")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+RESPONSES = ["yes", "12", "a b c", ""]
+
+
+@pytest.fixture(scope="module")
+def judge_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    prompts = [judge_messages(DEFAULT_JUDGE_RUBRIC, row, answer) for row, answer in zip(rows(4), RESPONSES)]
+    return taught_judge(tiny_model_dir, tmp_path_factory.mktemp("judge"), VERDICT, prompts)
+
+
+@pytest.fixture(scope="module")
+def ranking_judge_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wider, deeper tiny model (the test model's two 64-wide layers loop on the repeated lines of a ranking)."""
+    from lit_agentrl.models.tiny import TinyModelConfig, save_tiny_model
+
+    shape = {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4}
+    base = save_tiny_model(tmp_path_factory.mktemp("ranking-base"), TinyModelConfig(**shape, num_key_value_heads=4))
+    noise = random.Random(0)  # responses like the random policy's: a few arbitrary characters
+    texts = ["".join(noise.choice(string.printable[:94]) for _ in range(noise.randint(0, 8))) for _ in range(16)]
+    prompts = [ranking_messages(DEFAULT_RANKING_RUBRIC, rows(8)[k], texts[2 * k : 2 * k + 2]) for k in range(8)]
+    return taught_judge(base, tmp_path_factory.mktemp("ranking-judge"), RANKING, prompts, steps=120)
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -121,6 +148,16 @@ def test_the_score_is_the_replys_last_and_must_lie_in_zero_to_one():
         parse_score("SCORE: 7", "j")
 
 
+def test_a_ranking_reply_scores_every_response_in_order():
+    assert parse_ranked_scores("A is better.\nSCORE 2: 0.5\nSCORE 1: 0.9", 2, "j") == [0.9, 0.5]
+    with pytest.raises(JudgeError, match=r"for responses \[3\]"):
+        parse_ranked_scores("SCORE 1: 1\nSCORE 2: 0", 3, "j")
+    with pytest.raises(JudgeError, match="outside"):
+        parse_ranked_scores("SCORE 1: 1\nSCORE 2: 2", 2, "j")
+    _, user = ranking_messages("Rank.", {"prompt": [{"role": "user", "content": "Hi"}]}, ["a", "b"])
+    assert user["content"] == "# Task\nuser: Hi\n\n# Response 1\na\n\n# Response 2\nb"
+
+
 def test_the_judge_sees_the_rubric_the_task_the_reference_and_the_response():
     row = {"prompt": [{"role": "user", "content": "2+2?"}], "reward_model": {"ground_truth": "4"}}
     system, user = judge_messages("Grade it.", row, "It is 4.")
@@ -156,6 +193,19 @@ def test_a_fit_rewarded_by_an_openai_compatible_endpoint(tmp_path, tiny_model_di
         judge = {"base_url": url, "model": "judge", "api_key_env": "JUDGE_KEY", "max_tokens": 8}
         _, records = fit_rows(tmp_path, tiny_model_dir, rows(4), rollout={"reward": {"fn": "judge", "judge": judge}})
     assert records and all(r["extra"]["judge"]["reply"] == VERDICT and r["reward"] == 1.0 for r in records)
+
+
+def test_a_fit_rewarded_by_a_ranking_judge_scores_each_group_in_one_call(tmp_path, tiny_model_dir, ranking_judge_dir):
+    judge = {"model_path": str(ranking_judge_dir), "max_tokens": 48, "mode": "rank"}
+    _, records = fit_rows(tmp_path, tiny_model_dir, rows(3), rollout={"reward": {"fn": "judge", "judge": judge}})
+    train = [r for r in records if r["split"] == "train"]
+    assert train and not any(r["failed"] for r in records)
+    for record in train:  # two samples per prompt: the judge's first response gets 1, its second 0.25
+        verdict = record["extra"]["judge"]
+        assert verdict["reply"] == RANKING and verdict["scores"] == [1.0, 0.25]
+        assert record["reward"] == verdict["score"] == verdict["scores"][verdict["response"] - 1]
+        assert verdict["messages"][1]["content"].count("# Response ") == 2
+    assert sorted(r["reward"] for r in train if r["step"] == train[0]["step"]) == [0.25] * 3 + [1.0] * 3
 
 
 @pytest.fixture()
