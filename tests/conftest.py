@@ -50,6 +50,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             ("Chromium (the viewer's browser test)", shutil.which("chromium") or shutil.which("chromium-browser")),
             ("a CUDA GPU (scripts/gpu_checks.sh)", torch.cuda.is_available()),
             ("bubblewrap (the code sandbox's boundary: apt-get install -y bubblewrap)", shutil.which("bwrap")),
+            ("OpenEnv (its adapter's tests: pip install -e '.[openenv]')", importlib.util.find_spec("openenv")),
         ]
         if not present
     ]
