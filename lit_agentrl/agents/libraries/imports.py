@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib
 from functools import cache
 from types import ModuleType
+from typing import Any
 
-__all__ = ["MissingLibrary", "library_problem", "require"]
+__all__ = ["MissingLibrary", "import_object", "library_problem", "require"]
 
 
 class MissingLibrary(ImportError):
@@ -33,3 +34,13 @@ def library_problem(module: str, *, extra: str, user: str) -> str | None:
     except MissingLibrary as exc:
         return str(exc)
     return None
+
+
+@cache
+def import_object(path: str, *, key: str, user: str) -> Any:
+    """The object an agent YAML names as ``"module:name"`` under ``key``; ``ValueError`` naming both otherwise."""
+    module, _, name = str(path).partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"{user}: cfg.{key} {path!r} is not an importable 'module:name' ({exc})") from exc

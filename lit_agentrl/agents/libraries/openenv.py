@@ -21,17 +21,15 @@ turn's (``turn_rewards``); ``None`` counts as 0. In-process calls run in a worke
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import time
 import weakref
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.environment import Environment, register_environment
-from lit_agentrl.agents.libraries.imports import library_problem, require
+from lit_agentrl.agents.libraries.imports import import_object, library_problem, require
 
 __all__ = ["OpenEnvEnvironment"]
 
@@ -156,10 +154,5 @@ def _sessions(loop: asyncio.AbstractEventLoop, url: str, limit: int | None) -> a
     return per_url[url]
 
 
-@cache
 def _class(path: str, key: str) -> Any:
-    module, _, name = str(path).partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"{_USER}: cfg.{key} {path!r} is not an importable 'module:Class' ({exc})") from exc
+    return import_object(path, key=key, user=_USER)

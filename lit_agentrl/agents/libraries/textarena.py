@@ -23,7 +23,6 @@ WordLadder) or an API key (TwentyQuestions) are refused at setup, naming the gam
 
 from __future__ import annotations
 
-import importlib
 import random
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -33,7 +32,7 @@ from typing import Any, ClassVar, cast
 
 from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.environment import Environment, register_environment
-from lit_agentrl.agents.libraries.imports import library_problem, require
+from lit_agentrl.agents.libraries.imports import import_object, library_problem, require
 
 __all__ = ["TextArenaEnvironment", "random_listed_move"]
 
@@ -174,12 +173,5 @@ def _game_problem(env_id: str, env_kwargs: tuple[tuple[str, Any], ...]) -> str |
     return None
 
 
-@cache
 def _opponent(path: str | None) -> Opponent | None:
-    if path is None:
-        return None
-    module, _, name = str(path).partition(":")
-    try:
-        return cast(Opponent, getattr(importlib.import_module(module), name))
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"{_USER}: cfg.opponent {path!r} is not an importable 'module:function' ({exc})") from exc
+    return None if path is None else cast(Opponent, import_object(str(path), key="opponent", user=_USER))
