@@ -97,12 +97,15 @@ def check_page(page, counts: dict[str, int]) -> None:
 
 
 def test_the_detail_shows_each_turns_reward_and_advantage(logged_run, tmp_path):
-    """A trajectory of a turn-level run (``model.loss.advantage``) lists its turns' rewards and advantages."""
+    """A trajectory of a turn-level run (``model.loss.advantage``) lists its turns' rewards and advantages; a judged
+    one shows what its LLM judge was asked and replied."""
     from playwright.sync_api import sync_playwright
 
     log = logged_run / "trajectories" / "rank0.jsonl"
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     lines[0] |= {"turn_rewards": [0.0, 0.5], "turn_advantages": [1.25, -0.5]}
+    judged = [{"role": "system", "content": "Grade it."}, {"role": "user", "content": "# Response\nfour"}]
+    lines[0]["extra"] |= {"judge": {"messages": judged, "reply": "Right. SCORE: 0.75", "score": 0.75}}
     log.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "view.html"
     assert view_main([str(logged_run), "--out", str(out)]) == 0
@@ -114,5 +117,6 @@ def test_the_detail_shows_each_turns_reward_and_advantage(logged_run, tmp_path):
             page.locator("#list tbody tr").first.click()
             detail = page.text_content("#detail") or ""
             assert "turn rewards: 1: 0 · 2: 0.5" in detail and "turn advantages: 1: 1.25 · 2: -0.5" in detail
+            assert "judge: 0.75" in detail and "Right. SCORE: 0.75" in detail and "# Response\nfour" in detail
         finally:
             browser.close()
