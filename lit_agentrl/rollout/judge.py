@@ -21,6 +21,7 @@ import asyncio
 import contextvars
 import os
 import re
+import weakref
 from typing import Any, Protocol
 
 from langchain_core.messages import convert_to_openai_messages
@@ -108,7 +109,10 @@ class LLMJudge:
     def __init__(self, settings: Judge, seed: int = 0) -> None:
         self.settings = settings
         self.backend: _Backend = _Endpoint(settings) if settings.base_url else _LocalEngine(settings, seed)
-        self._slots: asyncio.Semaphore | None = None
+        # Calls in flight, per event loop (the manager's, or the background one of asynchronous rollouts).
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def ranks(self) -> bool:
@@ -130,11 +134,11 @@ class LLMJudge:
         return scores, {"messages": messages, "reply": reply, "scores": scores}
 
     async def _ask(self, messages: list[dict[str, str]]) -> str:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.settings.max_concurrency)
-        async with self._slots:
+        loop = asyncio.get_running_loop()
+        slots = self._slots.setdefault(loop, asyncio.Semaphore(self.settings.max_concurrency))
+        async with slots:
             # Outside the trajectory's context: the judge samples by its own parameters, not the policy's.
-            call = asyncio.get_running_loop().create_task(self.backend.reply(messages), context=contextvars.Context())
+            call = loop.create_task(self.backend.reply(messages), context=contextvars.Context())
             try:
                 return await asyncio.wait_for(call, self.settings.timeout_s)
             except TimeoutError:
