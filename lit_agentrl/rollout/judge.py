@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import os
 import re
 import weakref
@@ -87,20 +88,23 @@ class _Endpoint:
 
 
 class _LocalEngine:
-    """A judge model served in this process by a registered engine, greedy."""
+    """A judge model served by the engines a registered engine builds (``sglang_http``: one per server URL), taken in
+    turn, greedy."""
 
     def __init__(self, settings: Judge, seed: int) -> None:
         path = str(settings.model_path)
         self.where = f"the {settings.engine} engine over {path}"
-        (self.engine,) = build_engines(settings.engine, path, seed=seed, **settings.engine_kwargs)[:1]
-        self.chat = ChatModel(model="judge", llm=self.engine, tokenizer=load_tokenizer(path))
+        self.engines = build_engines(settings.engine, path, seed=seed, **settings.engine_kwargs)
+        tokenizer = load_tokenizer(path)
+        self.chats = itertools.cycle([ChatModel(model="judge", llm=e, tokenizer=tokenizer) for e in self.engines])
         self.sampling = SamplingParams.of({"max_new_tokens": settings.max_tokens, "temperature": 0.0})
 
     async def reply(self, messages: list[dict[str, str]]) -> str:
-        return str((await self.chat.ainvoke(messages, sampling_params=self.sampling)).content)
+        return str((await next(self.chats).ainvoke(messages, sampling_params=self.sampling)).content)
 
     def close(self) -> None:
-        self.engine.shutdown()
+        for engine in self.engines:
+            engine.shutdown()
 
 
 class LLMJudge:

@@ -231,3 +231,42 @@ def test_judge_faults_fail_their_trajectories_named(fault, engine, tokenizer, ju
     for trajectory in batch.trajectories:
         assert trajectory.failure_reason.startswith(f"JudgeError: the judge ({url} (judge))")
         assert expected[fault] in trajectory.failure_reason
+
+
+def test_a_local_judge_takes_the_engines_it_builds_in_turn_and_shuts_each_down(judge_model_dir):
+    """An engine config that builds several engines (``sglang_http`` with several servers) gives the judge each."""
+    from lit_agentrl.engines import register_engine
+    from lit_agentrl.engines.hf import TransformersEngine
+
+    calls, shut = [0, 0], [0, 0]
+
+    def counted(engine: TransformersEngine, index: int) -> TransformersEngine:
+        generate, shutdown = engine.async_generate, engine.shutdown
+
+        async def async_generate(*args, **kwargs):
+            calls[index] += 1
+            return await generate(*args, **kwargs)
+
+        def stop() -> None:
+            shut[index] += 1
+            shutdown()
+
+        engine.async_generate, engine.shutdown = async_generate, stop
+        return engine
+
+    @register_engine("judge_pair_test")
+    class EnginePair(TransformersEngine):
+        @classmethod
+        def build(cls, model_path, seed=0, placement=None, **kwargs):
+            return [counted(TransformersEngine(model_path, seed=seed), index) for index in range(2)]
+
+    judge = LLMJudge(Judge(model_path=str(judge_model_dir), engine="judge_pair_test", max_tokens=8))
+    try:
+
+        async def four() -> list[float]:
+            return [(await judge.score(row, "yes"))[0] for row in rows(4)]
+
+        assert asyncio.run(four()) == [1.0] * 4
+    finally:
+        judge.close()
+    assert calls == [2, 2] and shut == [1, 1]

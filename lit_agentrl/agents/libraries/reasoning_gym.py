@@ -53,7 +53,8 @@ def _entry(truth: Mapping[str, Any]) -> dict[str, Any]:
 def _score(truth: Mapping[str, Any], completion: str) -> float:
     tag = truth.get("answer_tag")
     answer = completion.strip() if tag is None else _reasoning_gym().utils.extract_answer(completion, tag_name=tag)
-    return float(_dataset_of(truth).score_answer(answer, _entry(truth)))
+    dataset = _dataset_of(truth)
+    return float(dataset.score_answer(answer, dict(dataset[int(truth["index"])])))
 
 
 @register_reward(DATA_SOURCE)
