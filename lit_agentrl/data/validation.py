@@ -24,8 +24,7 @@ def row_errors(row: Mapping[str, Any], data_dir: Path, reward_fn: str | None) ->
     """What is wrong with one row, each naming the field; empty when the row is usable."""
     errors = _agent_errors(row, data_dir)
     errors += _prompt_errors(row)
-    if not _scores_itself(row):
-        errors += _ground_truth_errors(row, reward_fn)
+    errors += _ground_truth_errors(row, reward_fn)
     errors += _image_errors(row)
     return errors
 
@@ -98,6 +97,8 @@ def _agent_errors(row: Mapping[str, Any], data_dir: Path) -> list[str]:
 
 
 def _ground_truth_errors(row: Mapping[str, Any], reward_fn: str | None) -> list[str]:
+    if _scores_itself(row):  # no reward function applies to the row
+        return []
     try:
         reward = resolve_reward_fn(row, reward_fn)
     except KeyError as exc:
@@ -217,7 +218,7 @@ def check_ground_truths(files: Sequence[DataFile], reward_fn: str | None, key: s
     problems: _Problems = {}
     for f, file in enumerate(files):
         for i, row in enumerate(file.rows):
-            for error in [] if _scores_itself(row) else _ground_truth_errors(row, reward_fn):
+            for error in _ground_truth_errors(row, reward_fn):
                 problems.setdefault((f, error), []).append(i)
     _raise_problems(files, problems, f"each row scored by {key}={reward_fn!r} needs a ground truth")
 
