@@ -88,6 +88,12 @@ def test_games_that_cannot_run_here_are_refused_at_setup(tmp_path, monkeypatch):
     (unknown,) = row_errors(row(0, "Wordle-v0-raw", 1), tmp_path, None)
     assert "is not a TextArena game id" in unknown
     assert "'seed' is missing" in row_errors({**row(0, "GuessTheNumber-v0", 1), "seed": None}, tmp_path, None)[0]
+    import nltk
+
+    fetched: list = []
+    monkeypatch.setattr(nltk, "download", lambda *args, **kwargs: fetched.append(args))
+    (hangman,) = row_errors(row(0, "Hangman-v0", 1), tmp_path, None)  # its module asks nltk for 'words' on import
+    assert "LookupError: Resource 'words' not found" in hangman and fetched == []  # refused, nothing fetched
     monkeypatch.setitem(sys.modules, "textarena", None)
     imports.library_problem.cache_clear()
     try:

@@ -23,12 +23,14 @@ WordLadder) or an API key (TwentyQuestions) are refused at setup, naming the gam
 
 from __future__ import annotations
 
+import importlib
 import random
 import re
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import cache
 from typing import Any, ClassVar, cast
+from unittest import mock
 
 from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.environment import Environment, register_environment
@@ -70,7 +72,7 @@ class TextArenaEnvironment(Environment):
         self._random_state = random.Random(row["seed"]).getstate()
         self.opponent = _opponent(cfg_get(self.cfg, "opponent", None))
         with self._own_random():
-            env = ta.make(f"{row['env_id']}-raw", **dict(row.get("env_kwargs") or {}))
+            env = _made(ta, row["env_id"], dict(row.get("env_kwargs") or {}))
             self.env = ta.wrappers.ActionFormattingWrapper(env)
             self.env.reset(num_players=int(row.get("num_players") or 1), seed=int(row["seed"]))
         self.closed = False
@@ -164,13 +166,31 @@ def _game_problem(env_id: str, env_kwargs: tuple[tuple[str, Any], ...]) -> str |
         return f"{env_id!r} is not a TextArena game id (name the base id, without -raw/-train); e.g. {base_ids[:12]}"
     state = random.getstate()
     try:
-        ta.make(f"{env_id}-raw", **dict(env_kwargs))
+        _made(ta, env_id, dict(env_kwargs))
     except Exception as exc:  # nltk's LookupError for a missing corpus, KeyError for an API key, SyntaxError, ...
         detail = " ".join(str(exc).replace("*", " ").split())[:300]
         return f"TextArena's {env_id!r} cannot be built here ({type(exc).__name__}: {detail})"
     finally:
         random.setstate(state)
     return None
+
+
+def _made(ta: Any, env_id: str, env_kwargs: dict[str, Any]) -> Any:
+    """``ta.make`` of the game's raw version, fetching nothing: TextArena's word games call ``nltk.download`` when
+    their module is imported, and a run reaches no network, so a corpus not installed fails as nltk's ``LookupError``
+    naming it (refused at setup) instead of a download attempt."""
+    nltk = _import_optional("nltk")
+    with ExitStack() as stack:
+        if nltk is not None:  # nltk.download returns False when it fetched nothing
+            stack.enter_context(mock.patch.object(nltk, "download", lambda *args, **kwargs: False))
+        return ta.make(f"{env_id}-raw", **env_kwargs)
+
+
+def _import_optional(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
 
 
 def _opponent(path: str | None) -> Opponent | None:
