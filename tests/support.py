@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -219,6 +220,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_with_partner(gap: int) -> int:
+    """A port p below the kernel's ephemeral range (where no outgoing connection can take it meanwhile) such that p
+    and p + gap are both free now: a group's server listens on p and its workers rendezvous on p + gap."""
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low = min(20000, first_ephemeral // 2)
+    for port in random.Random().sample(range(low, first_ephemeral - gap), 200):
+        with suppress(OSError), socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", port))
+            b.bind(("127.0.0.1", port + gap))
+            return port
+    raise RuntimeError(f"no free pair of ports {gap} apart below {first_ephemeral}")
 
 
 def start_http_server(model_dir: Path, port: int, extra_args: Sequence[str] = ()) -> subprocess.Popen:

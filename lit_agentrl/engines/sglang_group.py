@@ -21,7 +21,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections import deque
+from pathlib import Path
 from typing import Any
 
 from lit_agentrl.engines.placement import EnginePlacement
@@ -29,6 +32,7 @@ from lit_agentrl.engines.placement import EnginePlacement
 log = logging.getLogger(__name__)
 DEFAULT_GROUP_PORT = 30000
 STARTUP_TIMEOUT_S = 900.0
+LOG_TAIL_LINES = 40
 
 
 def group_url(placement: EnginePlacement, group_port: int = DEFAULT_GROUP_PORT) -> str:
@@ -68,28 +72,60 @@ def server_flags(options: dict[str, Any]) -> list[str]:
     return flags
 
 
-def start_server(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+class ServerProcess(subprocess.Popen):
+    """A server process whose output (stdout and stderr) goes to ``log_path``, whose tail its errors quote."""
+
+    log_path: Path | None = None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the server's output ("" when it has none)."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with self.log_path.open(errors="replace") as log_file:
+            return "".join(deque(log_file, maxlen=lines))
+
+
+def start_server(command: list[str], env: dict[str, str] | None = None) -> ServerProcess:
     """Run the server in its own process group (so shutting it down stops its workers too), with ``env`` added to
-    this process's environment."""
-    log.info("starting the group's SGLang server: %s", " ".join(command))
-    return subprocess.Popen(command, start_new_session=True, env={**os.environ, **(env or {})})
+    this process's environment and its output written to a log file of its own under the temporary directory."""
+    fd, path = tempfile.mkstemp(prefix="sglang-server-", suffix=".log")
+    log.info("starting an SGLang server (its output in %s): %s", path, " ".join(command))
+    with os.fdopen(fd, "wb") as log_file:
+        server = ServerProcess(
+            command,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    server.log_path = Path(path)
+    return server
 
 
 def wait_until_healthy(url: str, server: subprocess.Popen | None, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
-    """Poll ``url/health`` until it answers 200; raise if the server process exits first or ``timeout_s`` passes."""
+    """Poll ``url/health`` until it answers 200; raise if the server process exits first or ``timeout_s`` passes,
+    quoting the end of the server's log when it has one."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server is not None and server.poll() is not None:
-            raise RuntimeError(f"the group's SGLang server at {url} exited with code {server.returncode}; see its log")
+            raise RuntimeError(f"the SGLang server at {url} exited with code {server.returncode}{_quoted_log(server)}")
         try:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(1.0)
-    raise TimeoutError(f"the group's SGLang server at {url} did not become healthy within {timeout_s:.0f} s")
+    raise TimeoutError(
+        f"the SGLang server at {url} did not become healthy within {timeout_s:.0f} s{_quoted_log(server)}"
+    )
+
+
+def _quoted_log(server: subprocess.Popen | None) -> str:
+    if not isinstance(server, ServerProcess) or not (tail := server.log_tail()):
+        return ""
+    return f"; the end of its log ({server.log_path}):\n{tail}"
 
 
 def stop_server(server: subprocess.Popen) -> None:

@@ -364,3 +364,22 @@ def test_ranks_per_node_come_from_local_world_size_else_the_trainers_devices(mon
 def test_a_real_trainers_placement():
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
     assert engine_placement(trainer) == EnginePlacement(0, 0, 1, 1)
+
+
+def test_a_server_that_exits_before_it_is_healthy_is_reported_with_the_end_of_its_log(tmp_path, monkeypatch):
+    """A group's or pool's server that dies while starting (SGLang kills its own tree, exit -9, when a worker fails)
+    is named with the last lines of its output, which otherwise only its own console held."""
+    import sys
+    import tempfile
+
+    from lit_agentrl.engines import sglang_group
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its log lands here, not in the machine's /tmp
+    program = "import sys; [print(f'line {i}') for i in range(100)]; print('scheduler died: boom', file=sys.stderr); sys.exit(3)"
+    server = sglang_group.start_server([sys.executable, "-c", program])
+    with pytest.raises(RuntimeError, match="exited with code 3") as raised:
+        sglang_group.wait_until_healthy("http://127.0.0.1:9", server, timeout_s=60)
+    message = str(raised.value)
+    assert "scheduler died: boom" in message and "line 99" in message
+    assert "line 10\n" not in message  # only the end of the log
+    assert server.log_path is not None and server.log_path.parent == tmp_path

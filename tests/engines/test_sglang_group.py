@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from support import SGLANG_CPU, SGLANG_SHIM, free_port, require_sglang
+from support import SGLANG_CPU, SGLANG_SHIM, free_port, free_port_with_partner, require_sglang
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -69,7 +69,8 @@ def test_two_ranks_share_a_tp2_server_started_and_fed_by_the_first(tiny_model_di
     monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0|1")
     monkeypatch.setenv("SGLANG_NCCL_SO_PATH", "/nonexistent/libnccl.so.2")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SGLANG_SHIM), os.environ.get("PYTHONPATH", "")]))
-    mp.spawn(rank_main, args=(str(tiny_model_dir), free_port(), free_port(), str(tmp_path)), nprocs=2, join=True)
+    group_port = free_port_with_partner(100)  # the server's port; its workers rendezvous 100 above
+    mp.spawn(rank_main, args=(str(tiny_model_dir), free_port(), group_port, str(tmp_path)), nprocs=2, join=True)
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert records[0]["url"] == records[1]["url"]
     assert [r["owner"] for r in records] == [True, False]
