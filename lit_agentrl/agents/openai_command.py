@@ -77,9 +77,13 @@ class _Program(asyncio.SubprocessProtocol):
         self.closed.set_result(None)
 
 
-async def run_program(command: list[str], stdin: bytes, env: dict[str, str]) -> tuple[int, bytes, bytes]:
+async def run_program(
+    command: list[str], stdin: bytes, env: dict[str, str], terminate_grace_s: float = 0.0
+) -> tuple[int, bytes, bytes]:
     """Run ``command`` in a new process group with ``stdin``; its exit status, stdout and stderr. The group is killed
-    once the program exits or this call is cancelled (its trajectory timed out), whichever comes first."""
+    once the program exits or this call is cancelled (its trajectory timed out), whichever comes first; with
+    ``terminate_grace_s``, a cancelled program is first sent SIGTERM and given that long to clean up (to stop what
+    it started outside its group)."""
     loop = asyncio.get_running_loop()
     transport, program = await loop.subprocess_exec(
         lambda: _Program(loop),
@@ -96,10 +100,16 @@ async def run_program(command: list[str], stdin: bytes, env: dict[str, str]) -> 
         with contextlib.suppress(OSError):  # a program that never reads its stdin may exit before taking it all
             feed.write(stdin)
             feed.write_eof()
-        await program.exited
+        await asyncio.shield(program.exited)  # shielded: a cancelled wait leaves it pending, for the grace below
         _kill_group(transport.get_pid())  # what it left running goes with it, and their pipes close
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(program.closed), PIPE_GRACE_S)
+    except BaseException:
+        if terminate_grace_s > 0 and not program.exited.done():
+            _kill_group(transport.get_pid(), signal.SIGTERM)
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(program.exited), terminate_grace_s)
+        raise
     finally:
         _kill_group(transport.get_pid())
         transport.close()
@@ -108,9 +118,9 @@ async def run_program(command: list[str], stdin: bytes, env: dict[str, str]) -> 
     return status, bytes(program.output[1]), bytes(program.output[2])
 
 
-def _kill_group(pid: int) -> None:
+def _kill_group(pid: int, signal_number: int = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, signal_number)
 
 
 def command_result(stdout: str, program: str = "the program") -> AgentResult | None:
