@@ -42,6 +42,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
     import torch
 
+    from lit_agentrl.agents.libraries.verifiers import verifiers_python
+
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
     missing = [
         name
@@ -51,6 +53,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             ("a CUDA GPU (scripts/gpu_checks.sh)", torch.cuda.is_available()),
             ("bubblewrap (the code sandbox's boundary: apt-get install -y bubblewrap)", shutil.which("bwrap")),
             ("OpenEnv (its adapter's tests: pip install -e '.[openenv]')", importlib.util.find_spec("openenv")),
+            ("verifiers (its adapter's tests: scripts/build_verifiers_env.sh)", verifiers_python().exists()),
         ]
         if not present
     ]
