@@ -193,6 +193,16 @@ async def _cancelled_by_sigterm(work: Any) -> Any:
     return await task
 
 
+def _no_downloads() -> None:
+    """TextArena calls ``nltk.download`` for its word lists whenever it is imported: a network fetch per rollout.
+    The build script puts the corpora in the venv once; here a download is a no-op, so a missing corpus is nltk's
+    own LookupError (at setup, when the taskset is loaded) rather than a fetch."""
+    with contextlib.suppress(ImportError):
+        import nltk
+
+        nltk.download = lambda *args, **kwargs: True
+
+
 def main() -> int:
     logging.basicConfig(
         stream=sys.stderr,
@@ -202,6 +212,7 @@ def main() -> int:
     # The harness runs as a uv script; the build script installs uv next to this python.
     bindir = os.path.dirname(sys.executable)
     os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    _no_downloads()
     stdout = sys.stdout
     try:
         req = json.loads(sys.stdin.read())
