@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -69,8 +70,17 @@ def test_two_ranks_share_a_tp2_server_started_and_fed_by_the_first(tiny_model_di
     monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0|1")
     monkeypatch.setenv("SGLANG_NCCL_SO_PATH", "/nonexistent/libnccl.so.2")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SGLANG_SHIM), os.environ.get("PYTHONPATH", "")]))
-    group_port = free_port_with_partner(100)  # the server's port; its workers rendezvous 100 above
-    mp.spawn(rank_main, args=(str(tiny_model_dir), free_port(), group_port, str(tmp_path)), nprocs=2, join=True)
+    for attempt in (1, 2):
+        group_port = free_port_with_partner(100)  # the server's port; its workers rendezvous 100 above
+        try:
+            mp.spawn(rank_main, args=(str(tiny_model_dir), free_port(), group_port, str(tmp_path)), nprocs=2, join=True)
+            break
+        except mp.ProcessRaisedException as exc:
+            # A server that died while starting (seen once in CI, exit -9, on a loaded machine) is SGLang's start,
+            # not what this test checks: one more try, the first death reported with the end of its log.
+            if attempt == 2 or "exited with code" not in str(exc):
+                raise
+            warnings.warn(f"the group's SGLang server died while starting; trying once more: {exc}", stacklevel=1)
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert records[0]["url"] == records[1]["url"]
     assert [r["owner"] for r in records] == [True, False]
