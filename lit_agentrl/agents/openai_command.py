@@ -20,7 +20,7 @@ from typing import Any
 from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.openai_client import AgentResult, register_openai_agent
 
-__all__ = ["COMMAND_KEY", "command_result", "resolved_command", "run_command"]
+__all__ = ["COMMAND_KEY", "command_result", "resolved_command", "run_command", "run_program", "stderr_tail"]
 
 COMMAND_KEY = "command"
 """The agent YAML key of ``openai_command``: the program to run per trajectory, as an argv list."""
@@ -52,8 +52,7 @@ async def run_command(client: Any, row: dict[str, Any], cfg: Any) -> AgentResult
     env = {**os.environ, "OPENAI_BASE_URL": str(client.base_url), "OPENAI_API_KEY": str(client.api_key)}
     status, out, err = await run_program(command, json.dumps(row, default=str).encode(), env)
     if status != 0:
-        tail = err.decode(errors="replace").strip()[-2000:]
-        raise RuntimeError(f"openai_command {command[0]!r} exited with status {status}: {tail}")
+        raise RuntimeError(f"openai_command {command[0]!r} exited with status {status}: {stderr_tail(err)}")
     return command_result(out.decode(errors="replace"), command[0])
 
 
@@ -116,6 +115,11 @@ async def run_program(
     status = transport.get_returncode()
     assert status is not None
     return status, bytes(program.output[1]), bytes(program.output[2])
+
+
+def stderr_tail(stderr: bytes) -> str:
+    """The end of a program's stderr, where its error is (its log lines precede it)."""
+    return stderr.decode(errors="replace").strip()[-2000:]
 
 
 def _kill_group(pid: int, signal_number: int = signal.SIGKILL) -> None:

@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 
 from lit_agentrl.agents.config import cfg_get
 from lit_agentrl.agents.openai_client import AgentResult, OpenAIClientAgent
-from lit_agentrl.agents.openai_command import command_result, run_program
+from lit_agentrl.agents.openai_command import command_result, run_program, stderr_tail
 from lit_agentrl.agents.registry import register
 
 __all__ = ["VerifiersAgent", "episode_command", "verifiers_python"]
@@ -84,10 +84,10 @@ class VerifiersAgent(OpenAIClientAgent):
         )
         where = f"verifiers taskset {row['taskset'].get('id')!r} task {row['task_index']}"
         if status != 0:
-            raise RuntimeError(f"{where}: its rollout failed (exit {status}): {_tail(err)}")
+            raise RuntimeError(f"{where}: its rollout failed (exit {status}): {stderr_tail(err)}")
         result = command_result(out.decode(errors="replace"), AGENT)
         if result is None or result.reward is None:
-            raise RuntimeError(f"{where}: the episode printed no reward: {_tail(err)}")
+            raise RuntimeError(f"{where}: the episode printed no reward: {stderr_tail(err)}")
         return result
 
     @classmethod
@@ -122,7 +122,7 @@ def _taskset_problem(taskset_json: str) -> str | None:
     except subprocess.TimeoutExpired:
         return f"verifiers could not load the taskset {taskset_json} within {CHECK_TIMEOUT_S:.0f} s"
     if done.returncode != 0:
-        return f"verifiers could not load the taskset {taskset_json}: {_tail(done.stderr)}"
+        return f"verifiers could not load the taskset {taskset_json}: {stderr_tail(done.stderr)}"
     if not json.loads(done.stdout.decode().strip().splitlines()[-1])["tasks"]:
         return f"the verifiers taskset {taskset_json} has no task"
     return None
@@ -131,8 +131,3 @@ def _taskset_problem(taskset_json: str) -> str | None:
 def _plain(value: Any) -> Any:
     """An agent YAML value (an OmegaConf node or a plain value) as plain JSON-able data."""
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-
-def _tail(stderr: bytes) -> str:
-    """The end of the episode's stderr: its error (verifiers' own log lines precede it)."""
-    return stderr.decode(errors="replace").strip()[-2000:]

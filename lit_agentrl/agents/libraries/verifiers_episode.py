@@ -185,9 +185,7 @@ def list_tasks(req: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _cancelled_by_sigterm(work: Any) -> Any:
-    """Await ``work`` (a coroutine, or a plain value), cancelling it on SIGTERM (verifiers' cleanup then runs)."""
-    if not asyncio.iscoroutine(work):
-        return work
+    """Await the coroutine ``work``, cancelling it on SIGTERM (verifiers' cleanup then runs)."""
     task = asyncio.ensure_future(work)
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     return await task
@@ -220,7 +218,7 @@ def main() -> int:
             raise ValueError("stdin must hold one JSON object")
         # Keep stdout for the result line only (e.g. nltk prints download errors there).
         with contextlib.redirect_stdout(sys.stderr):
-            result = asyncio.run(_cancelled_by_sigterm(list_tasks(req) if "list" in req else run_one(req)))
+            result = list_tasks(req) if "list" in req else asyncio.run(_cancelled_by_sigterm(run_one(req)))
     except Exception as e:  # one clear message for any failure
         logger.debug("failure", exc_info=True)
         print(f"verifiers_episode: {type(e).__name__}: {e}", file=sys.stderr)
