@@ -10,6 +10,9 @@ training reward and ``found_turn_2``/``found_turn_3`` (success on a turn among t
 
     python benchmarks/credit_per_turn.py --out /tmp/credit --steps 800 --seeds 0 1 2
 
+``--samples-per-prompt N`` plays N games per prompt and 128 / N prompts a step (the same 128 games; more of a
+group's turns then share their context with another's), and ``--fit-args`` adds options to every run's fit.
+
 Everything a run writes (the tiny model, the sparse agent config and data, the logs) goes under ``--out``; a run
 whose ``metrics.csv`` is complete is not run again, so an interrupted sweep resumes.
 """
@@ -20,6 +23,7 @@ import argparse
 import csv
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -30,11 +34,17 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "quickstart_multiturn.yaml"
 ESTIMATORS = {"grpo": [], "gigpo": ["--model.loss.gamma", "0.95"], "turn_returns": ["--model.loss.gamma", "0.95"]}
 """Estimator name -> extra options: the paper's gamma for the two turn-level ones (grpo has none)."""
+GAMES_PER_STEP = 128
+"""The quickstart's 16 prompts x 8 samples."""
 SERIES = ["rollout/reward_mean", "agent/guess_digit/found_turn_2", "agent/guess_digit/found_turn_3"]
 
 
-def prepare(out: Path) -> tuple[Path, Path, Path]:
-    """The tiny model, the sparse agent config and the data rows pointing at it, under ``out``."""
+def prepare(out: Path, samples_per_prompt: int) -> tuple[Path, Path, Path, Path]:
+    """The tiny model, the sparse agent config, the data rows pointing at it and the run config, under ``out``.
+
+    The run config is the quickstart's with ``samples_per_prompt`` games per prompt and 128 / that many prompts a
+    step, so every setting plays the same 128 games a step.
+    """
     model = out / "model"
     if not (model / "config.json").exists():
         run([sys.executable, "-m", "lit_agentrl.models.tiny", "--tokenizer", "words", "--out", str(model)])
@@ -46,7 +56,17 @@ def prepare(out: Path) -> tuple[Path, Path, Path]:
         path = out / f"{split}.jsonl"
         path.write_text("".join(json.dumps({**row, "agent_cfg_path": str(agent_cfg)}) + "\n" for row in rows))
         files.append(path)
-    return model, files[0], files[1]
+    config = out / f"config_n{samples_per_prompt}.yaml"
+    text = CONFIG.read_text()
+    for old, new in (
+        ("n_samples: 8", f"n_samples: {samples_per_prompt}"),
+        ("prompts_per_step: 16", f"prompts_per_step: {GAMES_PER_STEP // samples_per_prompt}"),
+    ):
+        if old not in text:
+            raise SystemExit(f"{CONFIG} no longer holds {old!r}: update this benchmark")
+        text = text.replace(old, new)
+    config.write_text(text)
+    return model, files[0], files[1], config
 
 
 def run(command: list[str], log: Path | None = None) -> None:
@@ -55,20 +75,23 @@ def run(command: list[str], log: Path | None = None) -> None:
         subprocess.run(command, check=True, env=env, cwd=log.parent if log else None, stdout=sink, stderr=sink)
 
 
-def fit(out: Path, estimator: str, seed: int, steps: int, data: tuple[Path, Path, Path]) -> Path:
+def fit(
+    out: Path, estimator: str, seed: int, steps: int, data: tuple[Path, Path, Path, Path], extra: list[str]
+) -> Path:
     """One ``lit-agentrl fit`` (skipped when its metrics already reach ``steps``); returns its metrics.csv."""
-    model, train, val = data
+    model, train, val, config = data
     folder = out / f"{estimator}_s{seed}"
     metrics = folder / "csv" / "version_0" / "metrics.csv"
     if metrics.exists() and len(column(metrics, "rollout/reward_mean")) >= steps:
         return metrics
     folder.mkdir(parents=True, exist_ok=True)
     command = [
-        *(sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(CONFIG)),
+        *(sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(config)),
         *("--seed_everything", str(seed), "--trainer.max_steps", str(steps)),
         *("--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.version", "0"),
         *("--model.model_path", str(model), "--data.train_files", str(train), "--data.val_files", str(val)),
         *("--model.loss.advantage", estimator, *ESTIMATORS[estimator]),
+        *extra,
     ]
     run(command, folder / "fit.log")
     return metrics
@@ -119,9 +142,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
+    parser.add_argument("--samples-per-prompt", type=int, default=8, help="games per prompt (a divisor of 128)")
+    parser.add_argument("--fit-args", default="", help="more options for every run's fit, e.g. '--model.loss.gamma 1'")
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
     parser.add_argument("--report-only", action="store_true", help="summarise the runs already under --out")
     args = parser.parse_args()
+    if args.samples_per_prompt < 1 or GAMES_PER_STEP % args.samples_per_prompt:
+        parser.error(f"--samples-per-prompt must divide {GAMES_PER_STEP}, got {args.samples_per_prompt}")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     jobs = [(e, s) for s in args.seeds for e in args.estimators]
@@ -129,9 +156,9 @@ def main() -> None:
         found = {job: args.out / f"{job[0]}_s{job[1]}" / "csv" / "version_0" / "metrics.csv" for job in jobs}
         report({job: path for job, path in found.items() if path.exists()})
         return
-    data = prepare(args.out)
+    data = prepare(args.out, args.samples_per_prompt)
     with ThreadPoolExecutor(args.parallel) as pool:
-        paths = pool.map(lambda job: fit(args.out, *job, args.steps, data), jobs)
+        paths = pool.map(lambda job: fit(args.out, *job, args.steps, data, shlex.split(args.fit_args)), jobs)
         report(dict(zip(jobs, paths)))
 
 
