@@ -78,13 +78,19 @@ def run(command: list[str], log: Path | None = None) -> None:
 def fit(
     out: Path, estimator: str, seed: int, steps: int, data: tuple[Path, Path, Path, Path], extra: list[str]
 ) -> Path:
-    """One ``lit-agentrl fit`` (skipped when its metrics already reach ``steps``); returns its metrics.csv."""
+    """One ``lit-agentrl fit`` (skipped when its metrics already reach ``steps``); returns its metrics.csv. A folder
+    run with another config or other ``extra`` options is refused, so a resumed sweep never mixes settings."""
     model, train, val, config = data
     folder = out / f"{estimator}_s{seed}"
     metrics = folder / "csv" / "version_0" / "metrics.csv"
+    settings = folder / "settings.json"
+    wanted = {"config": config.name, "fit_args": extra}
+    if settings.exists() and json.loads(settings.read_text()) != wanted:
+        raise SystemExit(f"{folder} was run with {settings.read_text().strip()}, not {wanted}: pass another --out")
     if metrics.exists() and len(column(metrics, "rollout/reward_mean")) >= steps:
         return metrics
     folder.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps(wanted))
     command = [
         *(sys.executable, "-m", "lit_agentrl.cli", "fit", "--config", str(config)),
         *("--seed_everything", str(seed), "--trainer.max_steps", str(steps)),
@@ -142,7 +148,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
-    parser.add_argument("--samples-per-prompt", type=int, default=8, help="games per prompt (a divisor of 128)")
+    parser.add_argument(
+        "--samples-per-prompt", type=int, default=8, help=f"games per prompt (a divisor of {GAMES_PER_STEP})"
+    )
     parser.add_argument("--fit-args", default="", help="more options for every run's fit, e.g. '--model.loss.gamma 1'")
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
     parser.add_argument("--report-only", action="store_true", help="summarise the runs already under --out")
@@ -157,8 +165,9 @@ def main() -> None:
         report({job: path for job, path in found.items() if path.exists()})
         return
     data = prepare(args.out, args.samples_per_prompt)
+    extra = shlex.split(args.fit_args)
     with ThreadPoolExecutor(args.parallel) as pool:
-        paths = pool.map(lambda job: fit(args.out, *job, args.steps, data, shlex.split(args.fit_args)), jobs)
+        paths = pool.map(lambda job: fit(args.out, *job, args.steps, data, extra), jobs)
         report(dict(zip(jobs, paths)))
 
 
