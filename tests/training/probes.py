@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,19 @@ class PromptRecorder(Callback):
         record["epoch"], record["index"] = batch.epoch, batch.index
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+class PauseEachStep(Callback):
+    """Hold each training step for ``seconds`` after it starts: a window of known length, with the next step's rollout
+    in flight, for a test that must act inside a given step whatever the machine's speed."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        time.sleep(self.seconds)
 
 
 class SyncChecker(Callback):

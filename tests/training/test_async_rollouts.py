@@ -123,12 +123,15 @@ def test_sigkill_with_rollouts_in_flight_resumes_to_the_weights_of_an_unbroken_r
     for name in ("straight", "crashed"):
         async_config(tmp_path / name, quickstart_model_dir, schedule={"ahead": 1}, model=CORRECTED, steps=6)
         config = yaml.safe_load((tmp_path / name / "config.yaml").read_text())
-        config["trainer"]["callbacks"].append(
+        config["trainer"]["callbacks"] += [
             {
                 "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                 "init_args": {"dirpath": str(tmp_path / name / "ckpt"), "every_n_train_steps": 1, "save_top_k": -1},
-            }
-        )
+            },
+            # Each step (about 0.2 s of work) held 2 s after PromptRecorder's line: the kill below lands inside the
+            # step that line announced, not several steps later on a fast machine or a slow poll.
+            {"class_path": "probes.PauseEachStep", "init_args": {"seconds": 2.0}},
+        ]
         config["trainer"]["enable_checkpointing"] = True
         config["model"]["loss"]["entropy_coef"] = 0.01  # a gradient every step, whatever the rewards
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config))
@@ -141,8 +144,9 @@ def test_sigkill_with_rollouts_in_flight_resumes_to_the_weights_of_an_unbroken_r
         time.sleep(0.05)
     time.sleep(random.Random(killed_after).uniform(0.0, 0.5))  # somewhere in that step
     process.send_signal(signal.SIGKILL)  # a step trains; the next one's rollout is in flight
-    process.wait(timeout=60)
+    assert process.wait(timeout=60) == -signal.SIGKILL, "the run ended before it was killed"
     checkpoints = sorted((tmp_path / "crashed" / "ckpt").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    assert checkpoints[-1].name == f"epoch=0-step={killed_after - 1}.ckpt", "killed outside the step it waited for"
     resumed = launch(tmp_path / "crashed", "--ckpt_path", str(checkpoints[-1]))
     _, err = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, err[-3000:]
