@@ -29,7 +29,8 @@ class HFExportCallback(Callback):
     Args:
         dirpath: folder of the exports.
         every_n_steps: export every N optimizer steps (None: only at the end).
-        at_end: export when training ends.
+        at_end: export when training ends (also when a fit resumed from a checkpoint at ``max_steps`` has no step
+            left to train: the run it resumes may have died before writing it).
         merge_lora: with ``model.lora``, also write the base with the adapter merged in, in the base's dtype
             (``model.lora.base_dtype``, which its ``config.json`` states), under ``final/merged``: at the end only,
             since each is a full copy of the model (each export is otherwise a peft adapter folder:
@@ -66,6 +67,7 @@ class HFExportCallback(Callback):
         self.every_n_steps = every_n_steps
         self.at_end = at_end
         self._last_exported_step = -1
+        self._exported_at_end = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.merge_lora and isinstance(pl_module, GRPOModule) and not pl_module.lora.enabled:
@@ -82,9 +84,20 @@ class HFExportCallback(Callback):
             self.export(trainer, pl_module, self.dirpath / f"step-{step}", merge=self.merge_lora_every_export)
             self._last_exported_step = step
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._exported_at_end = False
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.at_end:
             self.export(trainer, pl_module, self.dirpath / "final", merge=self.merge_lora)
+            self._exported_at_end = True
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A fit resumed from a checkpoint taken at max_steps skips the training loop, and on_train_end with it: the
+        # run it resumes may have died before its final export, which would otherwise never be written.
+        if self.at_end and not self._exported_at_end:
+            self.export(trainer, pl_module, self.dirpath / "final", merge=self.merge_lora)
+            self._exported_at_end = True
 
     def export(self, trainer: L.Trainer, pl_module: L.LightningModule, target: Path, merge: bool = False) -> None:
         """Gather the full weights (all ranks) and save model, config and tokenizer to ``target`` (rank 0); with a

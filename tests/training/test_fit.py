@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -163,6 +164,28 @@ def test_resume_gives_the_weights_and_prompts_of_an_unbroken_run(tmp_path, quick
     if dynamic_sampling:  # the untrained model's groups are mostly flat: extra rounds were drawn
         rows = [r for r in read_csv(next((straight / "logs").rglob("metrics.csv"))) if r.get("rollout/dynamic_rounds")]
         assert sum(float(r["rollout/dynamic_rounds"]) for r in rows) > 0
+
+
+def test_a_resume_from_the_last_checkpoint_writes_the_final_export_the_crashed_run_lacked(
+    tmp_path, quickstart_model_dir
+):
+    """A run killed after its last checkpoint but before its final export, resumed: Lightning skips the training loop
+    (and ``on_train_end``) of a fit already at ``max_steps``; the export must still be written."""
+    export = {
+        "class_path": "lit_agentrl.callbacks.export.HFExportCallback",
+        "init_args": {"dirpath": str(tmp_path / "hf")},
+    }
+    checkpoint = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"dirpath": str(tmp_path / "ckpt"), "every_n_train_steps": 2},
+    }
+    config = quick_config(tmp_path, quickstart_model_dir, 2, [export, checkpoint], enable_checkpointing=True)
+    main(["fit", "--config", str(config)])
+    trained = final_weights(tmp_path / "hf" / "final")
+    shutil.rmtree(tmp_path / "hf" / "final")  # as if killed between the checkpoint and the export
+    main(["fit", "--config", str(config), "--ckpt_path", str(next((tmp_path / "ckpt").glob("*step=2.ckpt")))])
+    resumed = final_weights(tmp_path / "hf" / "final")
+    assert all(torch.equal(trained[k], resumed[k]) for k in trained)
 
 
 @pytest.mark.timeout(600)
