@@ -32,8 +32,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "quickstart_multiturn.yaml"
-ESTIMATORS = {"grpo": [], "gigpo": ["--model.loss.gamma", "0.95"], "turn_returns": ["--model.loss.gamma", "0.95"]}
-"""Estimator name -> extra options: the paper's gamma for the two turn-level ones (grpo has none)."""
+PAPER_GAMMA = ["--model.loss.gamma", "0.95"]
+ESTIMATORS = {
+    "grpo": ["--model.loss.advantage", "grpo"],
+    "gigpo": ["--model.loss.advantage", "gigpo", *PAPER_GAMMA],
+    "gigpo_batch": ["--model.loss.advantage", "gigpo", *PAPER_GAMMA, "--model.loss.step_groups", "batch"],
+    "turn_returns": ["--model.loss.advantage", "turn_returns", *PAPER_GAMMA],
+}
+"""Run name -> its estimator's options: GiGPO's gamma for the turn-level ones, and ``gigpo_batch`` GiGPO with step
+groups over the whole batch (every row of this game has the same prompt)."""
 GAMES_PER_STEP = 128
 """The quickstart's 16 prompts x 8 samples."""
 SERIES = ["rollout/reward_mean", "agent/guess_digit/found_turn_2", "agent/guess_digit/found_turn_3"]
@@ -96,7 +103,7 @@ def fit(
         *("--seed_everything", str(seed), "--trainer.max_steps", str(steps)),
         *("--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.version", "0"),
         *("--model.model_path", str(model), "--data.train_files", str(train), "--data.val_files", str(val)),
-        *("--model.loss.advantage", estimator, *ESTIMATORS[estimator]),
+        *ESTIMATORS[estimator],
         *extra,
     ]
     run(command, folder / "fit.log")
@@ -127,7 +134,7 @@ def report(results: dict[tuple[str, int], Path]) -> None:
         cells = ["{:.3f} -> {:.3f}".format(*fifths(column(metrics, key))) for key in SERIES]
         spread = " / ".join(f"{v:.2f}" for v in mean_abs_advantage(metrics))
         partnered = column(metrics, "train/partnered_turns")
-        paired = "{:.2f} -> {:.2f}".format(*fifths(partnered)) if partnered and estimator == "gigpo" else ""
+        paired = "{:.2f} -> {:.2f}".format(*fifths(partnered)) if partnered and estimator.startswith("gigpo") else ""
         steps = len(column(metrics, SERIES[0]))
         print(f"| {estimator} | {seed} | {steps} | " + " | ".join(cells) + f" | {spread} | {paired} |")
     for estimator in ESTIMATORS:

@@ -21,6 +21,11 @@ trajectory's group-normalised reward; ``gigpo``: GiGPO's episode plus step advan
 the prompt's trajectories generated from the same context; ``turn_returns``: each turn's discounted reward-to-go,
 baselined per turn index."""
 
+STEP_GROUPS = ("group", "batch")
+"""``model.loss.step_groups``: where ``gigpo`` looks for a turn's step partners (turns generated from the identical
+context). ``group``: among its prompt group's trajectories, as the paper does; ``batch``: among every trajectory of
+the rank's rollout batch, for tasks whose rows share a prompt and differ in hidden state only."""
+
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 """``model.loss.aggregation``: how token losses become one loss (``lit_agentrl.training.losses.AGGREGATIONS`` holds
 each one's function)."""

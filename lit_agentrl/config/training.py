@@ -25,6 +25,7 @@ from lit_agentrl.config.choices import (
     LEVELS,
     MIS_WEIGHTS,
     SEQUENCE_REWARDS,
+    STEP_GROUPS,
 )
 from lit_agentrl.errors import UserInputError
 
@@ -108,6 +109,9 @@ class Loss:
             discounted reward-to-go, baselined per turn index).
         gamma: the discount per turn of ``gigpo`` and ``turn_returns`` (GiGPO's paper: 0.95).
         step_weight: GiGPO's omega, the weight of its step advantage (the paper's 1.0).
+        step_groups: where ``gigpo`` finds a turn's step partners: ``group`` (its prompt group, the paper's) or
+            ``batch`` (any trajectory of the rank's rollout batch: for rows that share a prompt and differ only in
+            what the environment hides).
         sequence_rewards: how a trajectory whose model calls formed several token sequences is scored: ``shared``
             (each sequence gets the trajectory's advantage) or ``own`` (each sequence is a member of its group,
             scored by the reward the agent gave it, else the trajectory's).
@@ -127,6 +131,7 @@ class Loss:
     advantage: str = "grpo"
     gamma: float = 1.0
     step_weight: float = 1.0
+    step_groups: Literal["group", "batch"] = "group"
     sequence_rewards: Literal["shared", "own"] = "shared"
     old_logprobs: Literal["engine", "trainer"] = "engine"
 
@@ -161,6 +166,12 @@ class Loss:
                 _one_of("model.loss.advantage", self.advantage, choices.ADVANTAGES),
                 (0.0 <= self.gamma <= 1.0, f"model.loss.gamma must be in [0, 1], got {self.gamma}"),
                 (self.step_weight >= 0, f"model.loss.step_weight must be >= 0, got {self.step_weight}"),
+                _one_of("model.loss.step_groups", self.step_groups, STEP_GROUPS),
+                (
+                    self.step_groups == "group" or self.advantage == "gigpo",
+                    f"model.loss.step_groups: {self.step_groups} says where gigpo's step groups are formed, and "
+                    f"model.loss.advantage is {self.advantage}: set advantage: gigpo, or drop step_groups",
+                ),
                 (
                     self.policy_ratio != "sequence" or self.advantage == "grpo",
                     f"model.loss.policy_ratio: sequence (GSPO) clips one ratio per sequence against one advantage; "

@@ -28,7 +28,7 @@ from itertools import accumulate, chain
 
 import torch
 
-from lit_agentrl.config.choices import ADVANTAGE_STDS
+from lit_agentrl.config.choices import ADVANTAGE_STDS, STEP_GROUPS
 from lit_agentrl.training.losses import grpo_advantages
 
 
@@ -83,6 +83,8 @@ class AdvantageParams:
     """Discount per turn, in [0, 1] (``gigpo``, ``turn_returns``)."""
     step_weight: float
     """GiGPO's omega >= 0, the weight of the step advantage (``gigpo``)."""
+    step_groups: str = "group"
+    """One of :data:`~lit_agentrl.config.choices.STEP_GROUPS`: where ``gigpo``'s step groups are formed."""
 
     def __post_init__(self) -> None:
         if self.std not in ADVANTAGE_STDS:
@@ -93,6 +95,8 @@ class AdvantageParams:
             raise ValueError(
                 f"advantage step_weight (GiGPO's omega) must be a finite number >= 0, got {self.step_weight}"
             )
+        if self.step_groups not in STEP_GROUPS:
+            raise ValueError(f"advantage step_groups must be one of {list(STEP_GROUPS)}, got {self.step_groups!r}")
 
 
 Estimator = Callable[[Sequence[Episode], AdvantageParams], list[list[float]]]
@@ -123,11 +127,16 @@ def gigpo(episodes: Sequence[Episode], params: AdvantageParams) -> list[list[flo
     F_norm is the std named by ``std`` (the paper's std, or 1: ``none``), at both levels. The paper's defaults are
     omega = 1, gamma = 0.95. Every first turn shares its group's prompt as context, so the first turns form one step
     group: on a single-turn task (gamma^0 = 1, R_1 = R(tau)) A^S = A^E, and gigpo gives (1 + omega) * grpo.
+
+    ``step_groups: batch`` widens G^S(s) to the turns with context s in any group of the batch (the paper keeps to
+    one group, whose trajectories start from one environment state). Where rows share a prompt and differ only in
+    what the environment hides, the same context recurs across groups, and the step group's mean is the return
+    expected from that context over the hidden states the batch holds: the Monte Carlo baseline of the observation
+    history, which the policy cannot tell apart anyway.
     """
     episode = grpo(episodes, params)
-    step = _per_turn(
-        [discounted_returns(e.rewards, params.gamma) for e in episodes], _step_group_keys(episodes), params.std
-    )
+    keys = _step_group_keys(episodes, params.step_groups)
+    step = _per_turn([discounted_returns(e.rewards, params.gamma) for e in episodes], keys, params.std)
     return [[a + params.step_weight * s for a, s in zip(ea, sa)] for ea, sa in zip(episode, step)]
 
 
@@ -179,13 +188,15 @@ def group_normalised(values: Sequence[float], keys: Sequence[Hashable], std: str
     return normalised.advantages.tolist()
 
 
-def step_group_sizes(episodes: Sequence[Episode]) -> list[int]:
-    """The size of each of GiGPO's step groups (a group's turns sharing an anchor), for metrics: their number, and
-    how many turns found a partner (those in groups of two or more)."""
-    return list(Counter(chain.from_iterable(_step_group_keys(episodes))).values())
+def step_group_sizes(episodes: Sequence[Episode], scope: str = "group") -> list[int]:
+    """The size of each of GiGPO's step groups (turns sharing an anchor, within a group or the batch: ``scope``), for
+    metrics: their number, and how many turns found a partner (those in groups of two or more)."""
+    return list(Counter(chain.from_iterable(_step_group_keys(episodes, scope))).values())
 
 
-def _step_group_keys(episodes: Sequence[Episode]) -> list[list[Hashable]]:
+def _step_group_keys(episodes: Sequence[Episode], scope: str) -> list[list[Hashable]]:
+    if scope == "batch":
+        return [[t.anchor for t in e.turns] for e in episodes]
     return [[(e.group, t.anchor) for t in e.turns] for e in episodes]
 
 

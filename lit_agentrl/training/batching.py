@@ -58,6 +58,7 @@ def prepare_samples(
     advantage: str = "grpo",
     gamma: float = 1.0,
     step_weight: float = 1.0,
+    step_groups: str = "group",
 ) -> PreparedSamples:
     """Advantages over each prompt group's successful trajectories; failed ones are left out entirely.
 
@@ -67,7 +68,7 @@ def prepare_samples(
     get (see :class:`Overlong`; default: trained as they are). Every token sequence of a trajectory becomes a
     sample; ``sequence_rewards`` (:data:`SEQUENCE_REWARDS`) says how a trajectory of several sequences is scored.
     ``advantage`` other than ``grpo`` gives each model turn its own advantage (:mod:`turn_advantages`, with the
-    discount ``gamma`` and GiGPO's ``step_weight``), for trajectories of one token sequence.
+    discount ``gamma`` and GiGPO's ``step_weight`` and ``step_groups``), for trajectories of one token sequence.
     """
     if sequence_rewards not in SEQUENCE_REWARDS:
         raise ValueError(
@@ -90,7 +91,7 @@ def prepare_samples(
     if not ok:
         return PreparedSamples([], 0, 0, len(trajectories))
     if advantage != "grpo":
-        params = AdvantageParams(std=advantage_std, gamma=gamma, step_weight=step_weight)
+        params = AdvantageParams(advantage_std, gamma, step_weight, step_groups)
         return _turn_level_samples(ok, len(trajectories) - len(ok), overlong, advantage, params)
     # The members of each group's statistics: a trajectory (shared: all its sequences get its advantage) or, with
     # ``own``, each of its sequences, scored by its own reward when it has one. The first member of a trajectory

@@ -182,9 +182,10 @@ class GRPOModule(L.LightningModule):
             engine_logprobs_needed,
             self.overlong,
             self.loss.sequence_rewards,
-            self.loss.advantage,
-            self.loss.gamma,
-            self.loss.step_weight,
+            advantage=self.loss.advantage,
+            gamma=self.loss.gamma,
+            step_weight=self.loss.step_weight,
+            step_groups=self.loss.step_groups,
         )
         stats: dict[str, list[float]] = {}
         if self.loss.old_logprobs == "trainer" and not self.old_logprobs_from_update:

@@ -43,14 +43,15 @@ def turn_advantages(
     per_token = [
         _on_tokens(len(t.all_token_ids), turns, values) for t, turns, values in zip(trajectories, spans, per_turn)
     ]
-    metrics = turn_metrics(step_group_sizes(episodes), episodes, per_turn)
+    metrics = turn_metrics(step_group_sizes(episodes, params.step_groups), episodes, per_turn)
     return TurnAdvantages(per_token, per_turn, _flat_groups(episodes, per_turn), metrics)
 
 
 def turn_metrics(
     sizes: Sequence[int], episodes: Sequence[Episode], per_turn: Sequence[Sequence[float]]
 ) -> dict[str, float]:
-    """``train/step_groups``: GiGPO's step groups of the batch (a group's turns generated from the same context);
+    """``train/step_groups``: GiGPO's step groups of the batch (turns generated from the same context, within a
+    prompt group or across the batch as ``model.loss.step_groups`` says);
     ``train/partnered_turns``: the fraction of turns in a step group of two or more (compared with a partner); for
     each of the first :data:`TURNS_LOGGED` turn indices t, ``train/turn_<t>/advantage_std`` (the advantages' spread
     over the trajectories that reached turn t) and ``train/turn_<t>/reward_mean`` (the turns' own rewards, outcome

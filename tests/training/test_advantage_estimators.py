@@ -41,8 +41,10 @@ def close(actual: list[list[float]], expected: list[list[float]], rel: float = 1
     )
 
 
-def params(std: str = "none", gamma: float = 0.5, step_weight: float = 1.0) -> AdvantageParams:
-    return AdvantageParams(std=std, gamma=gamma, step_weight=step_weight)
+def params(
+    std: str = "none", gamma: float = 0.5, step_weight: float = 1.0, step_groups: str = "group"
+) -> AdvantageParams:
+    return AdvantageParams(std=std, gamma=gamma, step_weight=step_weight, step_groups=step_groups)
 
 
 # Group 0: every first turn has the prompt's context P. E1 and E2 both answered X at turn 2 from the same context
@@ -99,6 +101,33 @@ def test_gigpo_by_hand_with_repeated_and_unique_anchors_and_different_lengths():
         [0.5 + 0.25, 0.5 + 0.5],
     ]
     assert sorted(step_group_sizes(MIXED)) == [1, 1, 2, 2, 2, 4]  # Y, Z; (0, X), (1, Q), (1, X); (0, P)
+
+
+def test_gigpo_with_batch_step_groups_by_hand():
+    # As above, but the step groups span the batch: only the anchor X recurs across groups.
+    #   X: E1 1, E2 0.5 (group 0), E5 0, E6 1 (group 1); mean 2.5 / 4 = 0.625 -> 0.375, -0.125, -0.625, 0.375
+    #   P, Q, Y, Z: as within a group (no other group has them). A^E is unchanged (episode groups stay).
+    assert gigpo(MIXED, params(step_groups="batch")) == [
+        [0.375 + 0.0625, 0.375 + 0.375],
+        [-0.125 - 0.1875, -0.125 - 0.125, -0.125 + 0.0],
+        [-0.625 - 0.4375, -0.625 + 0.0],
+        [0.375 + 0.5625],
+        [-0.5 - 0.25, -0.5 - 0.625],
+        [0.5 + 0.25, 0.5 + 0.375],
+    ]
+    assert sorted(step_group_sizes(MIXED, "batch")) == [1, 1, 2, 4, 4]  # Y, Z; Q; P, X
+
+
+def test_batch_step_groups_join_groups_that_share_a_prompt():
+    # Two groups of one prompt P (rows differing in a hidden state): group 1 found nothing, so its A^E is 0, and
+    # its turns still learn from how the batch fared from the same contexts.
+    # Returns (gamma 0.5): E1 [0.5, 1], E2 [0, 0], E3 [0, 0], E4 [0, 0].
+    #   P: {0.5, 0, 0, 0}, mean 0.125 -> 0.375, -0.125, -0.125, -0.125;  A: E1 1, E3 0 -> 0.5, -0.5;  B, C: 0.
+    #   A^E: group 0 {1, 0} -> 0.5, -0.5; group 1 {0, 0} -> 0, 0.
+    games = [episode(0, "PA", 1.0), episode(0, "PB", 0.0), episode(1, "PA", 0.0), episode(1, "PC", 0.0)]
+    assert gigpo(games, params(step_groups="batch")) == [[0.875, 1.0], [-0.625, -0.5], [-0.125, -0.5], [-0.125, 0.0]]
+    # Within groups: P of group 0 {0.5, 0} -> 0.25, -0.25; group 1's turns all alike or alone -> 0.
+    assert gigpo(games, params()) == [[0.75, 0.5], [-0.75, -0.5], [0.0, 0.0], [0.0, 0.0]]
 
 
 def test_gigpo_step_weight_scales_only_the_step_advantage():
@@ -205,6 +234,7 @@ def test_registry_and_empty_batch():
         ({"std": "none", "gamma": -0.1, "step_weight": 1.0}, "gamma must be in"),
         ({"std": "none", "gamma": 1.0, "step_weight": -1.0}, "step_weight"),
         ({"std": "none", "gamma": 1.0, "step_weight": math.inf}, "step_weight"),
+        ({"std": "none", "gamma": 1.0, "step_weight": 1.0, "step_groups": "prompt"}, "step_groups must be one of"),
     ],
 )
 def test_bad_params_are_refused(kwargs, message):

@@ -53,6 +53,17 @@ def test_gigpo_gives_each_turn_its_own_advantage_on_its_tokens_only():
     assert batch.advantages.tolist() == [[0.0, 1.0, 0.0, 0.0, 0.5], [0.0, -1.0, 0.0, 0.0, -0.5]]
 
 
+def test_batch_step_groups_reach_the_tokens_across_prompt_groups():
+    # Two groups of one prompt, one game each: no episode signal (groups of one), but both first turns come from
+    # the prompt's context: with step_groups: batch they form one step group, returns 1 and 0 -> +-0.5.
+    won, lost = two_turns(0, 3, 6, 1.0), two_turns(0, 8, 7, 0.0)
+    lost.group = 1
+    prepared = prepare_samples([won, lost], "none", advantage="gigpo", gamma=1.0, step_groups="batch")
+    assert won.turn_advantages == [0.5, 0.0] and lost.turn_advantages == [-0.5, 0.0]
+    assert prepared.turn_metrics["train/step_groups"] == 3.0 and prepared.turn_metrics["train/partnered_turns"] == 0.5
+    assert prepare_samples([won, lost], "none", advantage="gigpo", gamma=1.0).turn_metrics["train/step_groups"] == 4.0
+
+
 def test_turn_returns_and_grpo_agree_where_the_turn_structure_adds_nothing():
     # Rewards only at the end, gamma 1: every turn's return is the trajectory's reward, and every turn index is
     # reached by both trajectories: turn_returns gives grpo's advantage to every turn.
@@ -91,6 +102,10 @@ def test_the_names_agree_and_bad_settings_name_their_key():
         Loss(advantage="gigpo", policy_ratio="sequence", aggregation="seq-mean-token-mean")
     with pytest.raises(ValueError, match=r"sequence_rewards: own .* model\.loss\.advantage: turn_returns"):
         Loss(advantage="turn_returns", sequence_rewards="own")
+    with pytest.raises(ValueError, match=r"model\.loss\.step_groups: batch .*advantage is grpo: set advantage: gigpo"):
+        Loss(step_groups="batch")
+    with pytest.raises(ValueError, match=r"model\.loss\.step_groups must be one of \['group', 'batch'\]"):
+        Loss(advantage="gigpo", step_groups="prompt")
 
 
 @pytest.mark.slow
