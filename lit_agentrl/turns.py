@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
 
 ANCHOR_BYTES = 16
 """Digest size of :func:`turn_anchor`: 128 bits, so a batch's anchors collide with probability ~ n^2 / 2^129."""
@@ -42,8 +45,10 @@ def turn_spans(loss_mask: Sequence[int], prompt_len: int) -> list[tuple[int, int
     return spans
 
 
-def turn_anchor(all_token_ids: Sequence[int], start: int) -> bytes:
-    """A key of the exact token context before the turn starting at ``start``: ``all_token_ids[:start]``.
+def turn_anchor(all_token_ids: Sequence[int], start: int, images: bytes = b"") -> bytes:
+    """A key of the exact context before the turn starting at ``start``: ``all_token_ids[:start]`` and ``images``, the
+    bytes of the images whose placeholder tokens lie in that prefix (:func:`context_images`; their tokens alone are
+    the same for any two images of one size).
 
     Two turns have equal keys exactly when their contexts are identical (up to a 128-bit BLAKE2b collision). A hash,
     not the prefix tuple itself: a batch holds one anchor per turn, and the tuples would hold every turn's whole
@@ -58,4 +63,29 @@ def turn_anchor(all_token_ids: Sequence[int], start: int) -> bytes:
         packed = struct.pack(f"<{len(prefix)}q", *prefix)
     except struct.error as exc:
         raise ValueError(f"token ids before position {start} must be integers of at most 64 bits: {exc}") from None
-    return hashlib.blake2b(packed, digest_size=ANCHOR_BYTES).digest()
+    # The prefix's length first: the images' bytes that follow cannot then pass for token ids.
+    return hashlib.blake2b(struct.pack("<q", len(prefix)) + packed + images, digest_size=ANCHOR_BYTES).digest()
+
+
+def context_images(
+    all_token_ids: Sequence[int], start: int, images: Mapping[str, Any], vision: tuple[int, int]
+) -> bytes:
+    """The bytes of the images a context ``all_token_ids[:start]`` shows: the rows of ``pixel_values`` and
+    ``image_grid_thw`` of the images whose placeholders it holds (a Qwen2-VL-family policy's ``(image_token_id,
+    spatial_merge_size)``: each image is ``t * h * w`` patch rows and ``t * h * w / merge**2`` placeholders, in
+    order). Fixed-length prefixes of the same arrays for equal contexts; different bytes for different pixels."""
+    token, merge = vision
+    grids = torch.as_tensor(images["image_grid_thw"]).long().reshape(-1, 3)
+    placeholders = sum(1 for i in all_token_ids[:start] if i == token)
+    sizes = grids.prod(dim=1).tolist()  # patch rows per image
+    shown, patches, tokens = 0, 0, 0
+    while shown < len(sizes) and tokens < placeholders:
+        patches, tokens = patches + sizes[shown], tokens + sizes[shown] // merge**2
+        shown += 1
+    if tokens != placeholders:
+        raise ValueError(
+            f"the context before position {start} holds {placeholders} image placeholders (id {token}), which is no "
+            f"whole number of the trajectory's images (image_grid_thw {grids.tolist()}, merge {merge})"
+        )
+    pixels = torch.as_tensor(images["pixel_values"])[:patches].contiguous()
+    return grids[:shown].numpy().tobytes() + pixels.reshape(-1).view(torch.uint8).numpy().tobytes()

@@ -59,6 +59,7 @@ def prepare_samples(
     gamma: float = 1.0,
     step_weight: float = 1.0,
     step_groups: str = "group",
+    vision: tuple[int, int] | None = None,
 ) -> PreparedSamples:
     """Advantages over each prompt group's successful trajectories; failed ones are left out entirely.
 
@@ -68,7 +69,8 @@ def prepare_samples(
     get (see :class:`Overlong`; default: trained as they are). Every token sequence of a trajectory becomes a
     sample; ``sequence_rewards`` (:data:`SEQUENCE_REWARDS`) says how a trajectory of several sequences is scored.
     ``advantage`` other than ``grpo`` gives each model turn its own advantage (:mod:`turn_advantages`, with the
-    discount ``gamma`` and GiGPO's ``step_weight`` and ``step_groups``), for trajectories of one token sequence.
+    discount ``gamma`` and GiGPO's ``step_weight`` and ``step_groups``), for trajectories of one token sequence; a turn's
+    context is its tokens and, with ``vision`` (the policy's ``(image_token_id, spatial_merge_size)``), its images.
     """
     if sequence_rewards not in SEQUENCE_REWARDS:
         raise ValueError(
@@ -92,7 +94,7 @@ def prepare_samples(
         return PreparedSamples([], 0, 0, len(trajectories))
     if advantage != "grpo":
         params = AdvantageParams(advantage_std, gamma, step_weight, step_groups)
-        return _turn_level_samples(ok, len(trajectories) - len(ok), overlong, advantage, params)
+        return _turn_level_samples(ok, len(trajectories) - len(ok), overlong, advantage, params, vision)
     # The members of each group's statistics: a trajectory (shared: all its sequences get its advantage) or, with
     # ``own``, each of its sequences, scored by its own reward when it has one. The first member of a trajectory
     # holds its main sequence.
@@ -124,7 +126,12 @@ def prepare_samples(
 
 
 def _turn_level_samples(
-    ok: list[Trajectory], num_failed: int, overlong: Overlong, advantage: str, params: AdvantageParams
+    ok: list[Trajectory],
+    num_failed: int,
+    overlong: Overlong,
+    advantage: str,
+    params: AdvantageParams,
+    vision: tuple[int, int] | None,
 ) -> PreparedSamples:
     """Samples whose tokens carry their turn's advantage (trajectories of one token sequence each)."""
     several = sorted({t.agent_name for t in ok if t.other_sequences})
@@ -134,7 +141,7 @@ def _turn_level_samples(
             f"model.loss.advantage: {advantage} to credit: use model.loss.advantage: grpo with such agents"
         )
     outcomes = [t.reward + overlong.penalty(t.num_generated_tokens) for t in ok]
-    result = turn_advantages(ok, outcomes, advantage, params)
+    result = turn_advantages(ok, outcomes, advantage, params, vision)
     samples = []
     for t, per_token, per_turn in zip(ok, result.per_token, result.per_turn):
         t.advantage = per_turn[0]  # the first turn's, for the trajectory log and the viewer

@@ -186,6 +186,7 @@ class GRPOModule(L.LightningModule):
             gamma=self.loss.gamma,
             step_weight=self.loss.step_weight,
             step_groups=self.loss.step_groups,
+            vision=vision_settings(self.policy),
         )
         stats: dict[str, list[float]] = {}
         if self.loss.old_logprobs == "trainer" and not self.old_logprobs_from_update:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lit_agentrl.training.advantage_estimators import ESTIMATORS, AdvantageParams, Episode, Turn, step_group_sizes
-from lit_agentrl.turns import turn_anchor, turn_spans
+from lit_agentrl.turns import context_images, turn_anchor, turn_spans
 from lit_agentrl.types import Trajectory
 
 TURNS_LOGGED = 8
@@ -33,12 +33,23 @@ class TurnAdvantages:
 
 
 def turn_advantages(
-    trajectories: Sequence[Trajectory], outcomes: Sequence[float], estimator: str, params: AdvantageParams
+    trajectories: Sequence[Trajectory],
+    outcomes: Sequence[float],
+    estimator: str,
+    params: AdvantageParams,
+    vision: tuple[int, int] | None = None,
 ) -> TurnAdvantages:
     """The advantages of ``estimator`` (a name of ``ESTIMATORS``) for trajectories scored ``outcomes`` (their rewards,
-    turn rewards and overlong penalty included), each turn's context the exact token prefix before it."""
+    turn rewards and overlong penalty included), each turn's context the exact token prefix before it and the images
+    it shows (``vision``: a vision-language policy's ``(image_token_id, spatial_merge_size)``, needed with images)."""
+    with_images = sorted({t.agent_name for t in trajectories if t.multi_modal_inputs})
+    if with_images and vision is None:
+        raise ValueError(
+            f"agent(s) {with_images} returned images, and the policy is no vision-language model: a turn's context "
+            "is its tokens and its images, whose placeholders say nothing of their pixels"
+        )
     spans = [turn_spans(t.loss_mask, len(t.prompt_ids)) for t in trajectories]
-    episodes = [_episode(t, turns, outcome) for t, turns, outcome in zip(trajectories, spans, outcomes)]
+    episodes = [_episode(t, turns, outcome, vision) for t, turns, outcome in zip(trajectories, spans, outcomes)]
     per_turn = ESTIMATORS[estimator](episodes, params)
     per_token = [
         _on_tokens(len(t.all_token_ids), turns, values) for t, turns, values in zip(trajectories, spans, per_turn)
@@ -66,11 +77,17 @@ def turn_metrics(
     return metrics
 
 
-def _episode(t: Trajectory, spans: list[tuple[int, int]], reward: float) -> Episode:
+def _episode(t: Trajectory, spans: list[tuple[int, int]], reward: float, vision: tuple[int, int] | None) -> Episode:
     """``t`` as its turns: each turn's context and own reward; the outcome is what its reward holds beyond them."""
     own = t.turn_rewards or [0.0] * len(spans)
-    turns = tuple(Turn(turn_anchor(t.all_token_ids, start), r) for (start, _), r in zip(spans, own, strict=True))
+    turns = tuple(Turn(_anchor(t, start, vision), r) for (start, _), r in zip(spans, own, strict=True))
     return Episode(t.group, turns, reward - sum(own))
+
+
+def _anchor(t: Trajectory, start: int, vision: tuple[int, int] | None) -> bytes:
+    if not t.multi_modal_inputs or vision is None:
+        return turn_anchor(t.all_token_ids, start)
+    return turn_anchor(t.all_token_ids, start, context_images(t.all_token_ids, start, t.multi_modal_inputs, vision))
 
 
 def _on_tokens(length: int, spans: list[tuple[int, int]], values: list[float]) -> list[float]:

@@ -25,7 +25,7 @@ from lit_agentrl.training.advantage_estimators import (
     turn_returns,
 )
 from lit_agentrl.training.losses import grpo_advantages
-from lit_agentrl.turns import turn_anchor, turn_spans
+from lit_agentrl.turns import context_images, turn_anchor, turn_spans
 
 
 def episode(group: int, anchors: str, outcome: float, rewards: list[float] | None = None) -> Episode:
@@ -274,6 +274,34 @@ def test_turn_anchor_keys_the_exact_prefix():
         turn_anchor(ids, 5)
     with pytest.raises(ValueError, match="at most 64 bits"):
         turn_anchor([2**64], 1)
+
+
+IMAGE = 9  # the placeholder token id; merge 2: an image of t x h x w patches has t * h * w / 4 placeholders
+TWO_IMAGES = {
+    "image_grid_thw": [[1, 2, 2], [1, 4, 2]],  # 4 patch rows (1 placeholder), then 8 (2 placeholders)
+    "pixel_values": torch.arange(12 * 3, dtype=torch.float32).reshape(12, 3),
+}
+
+
+def test_context_images_are_the_images_whose_placeholders_the_prefix_holds():
+    ids = [1, IMAGE, 2, IMAGE, IMAGE, 3]  # prompt, image 1, a turn (2), a tool's image 2, a turn (3)
+    grids = torch.tensor(TWO_IMAGES["image_grid_thw"])
+    pixels = TWO_IMAGES["pixel_values"]
+    assert context_images(ids, 1, TWO_IMAGES, (IMAGE, 2)) == b""
+    assert context_images(ids, 2, TWO_IMAGES, (IMAGE, 2)) == grids[:1].numpy().tobytes() + pixels[:4].numpy().tobytes()
+    assert context_images(ids, 5, TWO_IMAGES, (IMAGE, 2)) == grids.numpy().tobytes() + pixels.numpy().tobytes()
+    with pytest.raises(ValueError, match=r"holds 2 image placeholders \(id 9\), which is no whole number"):
+        context_images(ids, 4, TWO_IMAGES, (IMAGE, 2))  # inside image 2's placeholders: no turn starts there
+    # The same tokens with other pixels in the second image: the first turn's context is unchanged, the second's not.
+    other = {**TWO_IMAGES, "pixel_values": torch.cat([pixels[:4], pixels[4:] + 1])}
+    assert turn_anchor(ids, 2, context_images(ids, 2, other, (IMAGE, 2))) == turn_anchor(
+        ids, 2, context_images(ids, 2, TWO_IMAGES, (IMAGE, 2))
+    )
+    assert turn_anchor(ids, 5, context_images(ids, 5, other, (IMAGE, 2))) != turn_anchor(
+        ids, 5, context_images(ids, 5, TWO_IMAGES, (IMAGE, 2))
+    )
+    bf16 = {**TWO_IMAGES, "pixel_values": pixels.bfloat16()}  # bytes of any dtype
+    assert len(context_images(ids, 2, bf16, (IMAGE, 2))) == 3 * 8 + 4 * 3 * 2
 
 
 SECRET = 7

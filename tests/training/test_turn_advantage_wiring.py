@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 import yaml
 from support import REPO_ROOT, short_fit
 
@@ -62,6 +63,29 @@ def test_batch_step_groups_reach_the_tokens_across_prompt_groups():
     assert won.turn_advantages == [0.5, 0.0] and lost.turn_advantages == [-0.5, 0.0]
     assert prepared.turn_metrics["train/step_groups"] == 3.0 and prepared.turn_metrics["train/partnered_turns"] == 0.5
     assert prepare_samples([won, lost], "none", advantage="gigpo", gamma=1.0).turn_metrics["train/step_groups"] == 4.0
+
+
+def test_a_turns_context_holds_its_images_pixels():
+    # The same tokens [1, 2, image, first, 4, 5, second] in both games, the image's placeholder id 9 (merge 2: a
+    # 1 x 2 x 2 grid is one placeholder), rewards 1 and 0, std none. Equal pictures: each turn index shares its
+    # context, a step group (A^S +-0.5 on A^E +-0.5). Different pictures (the rows' own images, or batch step groups
+    # over rows that share a text prompt): every turn is alone (A^S 0).
+    def shown(pixels: float) -> Trajectory:
+        game = two_turns(0, 3, 6, 1.0)
+        game.prompt_ids, game.all_token_ids = [1, 2, 9], [1, 2, 9, 3, 4, 5, 6]
+        game.loss_mask = [0, 0, 0, 1, 0, 0, 1]
+        game.multi_modal_inputs = {"image_grid_thw": [[1, 2, 2]], "pixel_values": torch.full((4, 3), pixels)}
+        return game
+
+    won, lost = shown(0.5), shown(0.5)
+    lost.sample, lost.reward = 1, 0.0
+    prepare_samples([won, lost], "none", advantage="gigpo", gamma=1.0, vision=(9, 2))
+    assert won.turn_advantages == [1.0, 1.0] and lost.turn_advantages == [-1.0, -1.0]
+    lost.multi_modal_inputs["pixel_values"] = torch.full((4, 3), 0.25)
+    prepare_samples([won, lost], "none", advantage="gigpo", gamma=1.0, vision=(9, 2))
+    assert won.turn_advantages == [0.5, 0.5] and lost.turn_advantages == [-0.5, -0.5]
+    with pytest.raises(ValueError, match=r"agent\(s\) \['two_turns'\] returned images, and the policy is no vision"):
+        prepare_samples([won, lost], "none", advantage="gigpo")
 
 
 def test_turn_returns_and_grpo_agree_where_the_turn_structure_adds_nothing():
