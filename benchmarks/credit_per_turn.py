@@ -6,7 +6,8 @@ Each run is a real ``lit-agentrl fit`` of that config with ``model.loss.advantag
 estimator; runs go two at a time, one thread each. It prints, per run and per estimator (mean over seeds), the
 training reward and ``found_turn_2``/``found_turn_3`` (success on a turn among the games that reached it; blind play
 0.11 and 0.125), the first fifth of the steps against the last, the spread of the advantages per turn index, and for
-``gigpo`` the share of turns that found a partner in a step group.
+``gigpo`` the share of turns that found a partner in a step group. ``gigpo_batch`` is GiGPO with
+``model.loss.step_groups: batch`` (this game's rows share one prompt, so contexts recur across prompt groups).
 
     python benchmarks/credit_per_turn.py --out /tmp/credit --steps 800 --seeds 0 1 2
 
