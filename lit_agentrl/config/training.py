@@ -166,6 +166,17 @@ class Loss:
                 _one_of("model.loss.advantage", self.advantage, choices.ADVANTAGES),
                 (0.0 <= self.gamma <= 1.0, f"model.loss.gamma must be in [0, 1], got {self.gamma}"),
                 (self.step_weight >= 0, f"model.loss.step_weight must be >= 0, got {self.step_weight}"),
+                (
+                    self.gamma == 1.0 or self.advantage != "grpo",
+                    f"model.loss.gamma: {self.gamma} discounts the turn returns of gigpo and turn_returns, and "
+                    "model.loss.advantage is grpo, which credits every turn with the undiscounted trajectory reward: "
+                    "set advantage: gigpo or turn_returns, or drop gamma",
+                ),
+                (
+                    self.step_weight == 1.0 or self.advantage == "gigpo",
+                    f"model.loss.step_weight: {self.step_weight} weighs gigpo's step advantage, and "
+                    f"model.loss.advantage is {self.advantage}: set advantage: gigpo, or drop step_weight",
+                ),
                 _one_of("model.loss.step_groups", self.step_groups, STEP_GROUPS),
                 (
                     self.step_groups == "group" or self.advantage == "gigpo",

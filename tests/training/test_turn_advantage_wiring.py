@@ -130,6 +130,14 @@ def test_the_names_agree_and_bad_settings_name_their_key():
         Loss(step_groups="batch")
     with pytest.raises(ValueError, match=r"model\.loss\.step_groups must be one of \['group', 'batch'\]"):
         Loss(advantage="gigpo", step_groups="prompt")
+    # A setting the chosen estimator would ignore is refused, not silently dropped.
+    with pytest.raises(ValueError, match=r"model\.loss\.gamma: 0\.9 discounts .*advantage is grpo.*drop gamma"):
+        Loss(gamma=0.9)
+    with pytest.raises(
+        ValueError, match=r"model\.loss\.step_weight: 2\.0 .*advantage is turn_returns: set advantage: gigpo"
+    ):
+        Loss(advantage="turn_returns", step_weight=2.0)
+    assert Loss(advantage="turn_returns", gamma=0.0).gamma == 0.0
 
 
 @pytest.mark.slow
