@@ -6,8 +6,11 @@ Each run is a real ``lit-agentrl fit`` of that config with ``model.loss.advantag
 estimator; runs go two at a time, one thread each. It prints, per run and per estimator (mean over seeds), the
 training reward and ``found_turn_2``/``found_turn_3`` (success on a turn among the games that reached it; blind play
 0.11 and 0.125), the first fifth of the steps against the last, the spread of the advantages per turn index, and for
-``gigpo`` the share of turns that found a partner in a step group. ``gigpo_batch`` is GiGPO with
-``model.loss.step_groups: batch`` (this game's rows share one prompt, so contexts recur across prompt groups).
+``gigpo`` the share of turns that found a partner in a step group; from the trajectory log, how often the second
+guess stays inside the range the first answer left ("reads the answer"; blind 0.5-0.6) and the commonest first
+guesses at the end. ``gigpo_batch`` is GiGPO with
+``model.loss.step_groups: batch`` (this game's rows share one prompt, so contexts recur across prompt groups);
+``turn_returns_gamma0`` is ``turn_returns`` with ``gamma: 0``.
 
     python benchmarks/credit_per_turn.py --out /tmp/credit --steps 800 --seeds 0 1 2
 
@@ -28,6 +31,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,9 +43,11 @@ ESTIMATORS = {
     "gigpo": ["--model.loss.advantage", "gigpo", *PAPER_GAMMA],
     "gigpo_batch": ["--model.loss.advantage", "gigpo", *PAPER_GAMMA, "--model.loss.step_groups", "batch"],
     "turn_returns": ["--model.loss.advantage", "turn_returns", *PAPER_GAMMA],
+    "turn_returns_gamma0": ["--model.loss.advantage", "turn_returns", "--model.loss.gamma", "0"],
 }
-"""Run name -> its estimator's options: GiGPO's gamma for the turn-level ones, and ``gigpo_batch`` GiGPO with step
-groups over the whole batch (every row of this game has the same prompt)."""
+"""Run name -> its estimator's options: GiGPO's gamma for the turn-level ones, ``gigpo_batch`` GiGPO with step
+groups over the whole batch (every row of this game has the same prompt) and ``turn_returns_gamma0`` each turn
+credited with its own reward only (here: 1 on the turn that finds the digit, since the game ends there)."""
 GAMES_PER_STEP = 128
 """The quickstart's 16 prompts x 8 samples."""
 SERIES = ["rollout/reward_mean", "agent/guess_digit/found_turn_2", "agent/guess_digit/found_turn_3"]
@@ -127,17 +133,56 @@ def mean_abs_advantage(metrics: Path) -> list[float]:
     return [statistics.fmean(v) for t in (1, 2, 3) if (v := column(metrics, f"train/turn_{t}/advantage_std"))]
 
 
+def play(metrics: Path) -> tuple[str, str]:
+    """From the run's trajectory log: how often the second guess stays inside the range the first answer left
+    (``higher``: above the first guess; blind play 0.5-0.6), first fifth -> last fifth of the steps, and the three
+    commonest first guesses of the last fifth with their shares."""
+    games = []
+    for line in (metrics.parent / "trajectories" / "rank0.jsonl").open():
+        record = json.loads(line)
+        if record["split"] == "train" and not record["failed"]:
+            games.append((record["step"], record["extra"]["guesses"], [m["content"] for m in record["messages"]]))
+    if not games:
+        return "", ""
+    steps = max(step for step, _, _ in games) + 1
+    first = [g for g in games if g[0] < steps // 5]
+    last = [g for g in games if g[0] >= steps - steps // 5]
+    reads = f"{reading(first):.2f} -> {reading(last):.2f}"
+    counts = Counter(guesses[0] for _, guesses, _ in last)
+    commonest = ", ".join(f"{digit}: {n / len(last):.2f}" for digit, n in counts.most_common(3))
+    return reads, commonest
+
+
+def reading(games: list[tuple[int, list[int | None], list[str]]]) -> float:
+    inside = answered = 0
+    for _, guesses, messages in games:
+        answer = messages[2] if len(messages) > 3 else None
+        first, second = [*guesses, None, None][:2]
+        if answer not in ("higher", "lower") or first is None or second is None:
+            continue
+        answered += 1
+        inside += second > first if answer == "higher" else second < first
+    return inside / answered if answered else float("nan")
+
+
 def report(results: dict[tuple[str, int], Path]) -> None:
     names = " | ".join(s.split("/")[-1] for s in SERIES)
-    print(f"| estimator | seed | steps | {names} | advantage spread, turns 1/2/3 | partnered turns |")
-    print("|---|---|---|" + "---|" * (len(SERIES) + 2))
+    print(
+        f"| estimator | seed | steps | {names} | advantage spread, turns 1/2/3 | partnered turns | reads the answer "
+        "| first guesses, last fifth |"
+    )
+    print("|---|---|---|" + "---|" * (len(SERIES) + 4))
     for (estimator, seed), metrics in sorted(results.items()):
         cells = ["{:.3f} -> {:.3f}".format(*fifths(column(metrics, key))) for key in SERIES]
         spread = " / ".join(f"{v:.2f}" for v in mean_abs_advantage(metrics))
         partnered = column(metrics, "train/partnered_turns")
         paired = "{:.2f} -> {:.2f}".format(*fifths(partnered)) if partnered and estimator.startswith("gigpo") else ""
         steps = len(column(metrics, SERIES[0]))
-        print(f"| {estimator} | {seed} | {steps} | " + " | ".join(cells) + f" | {spread} | {paired} |")
+        reads, commonest = play(metrics)
+        print(
+            f"| {estimator} | {seed} | {steps} | " + " | ".join(cells) + f" | {spread} | {paired} | {reads} | "
+            f"{commonest} |"
+        )
     for estimator in ESTIMATORS:
         runs = [m for (e, _), m in results.items() if e == estimator]
         if not runs:
@@ -147,7 +192,7 @@ def report(results: dict[tuple[str, int], Path]) -> None:
             pairs = [fifths(column(m, key)) for m in runs]
             first, last = statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
             cells.append(f"{first:.3f} -> {last:.3f} ({last - first:+.3f})")
-        print(f"| **{estimator}**, mean of {len(runs)} | | | " + " | ".join(cells) + " | | |")
+        print(f"| **{estimator}**, mean of {len(runs)} | | | " + " | ".join(cells) + " | | | | |")
 
 
 def main() -> None:
@@ -175,7 +220,7 @@ def main() -> None:
     data = prepare(args.out, args.samples_per_prompt)
     extra = shlex.split(args.fit_args)
     with ThreadPoolExecutor(args.parallel) as pool:
-        paths = pool.map(lambda job: fit(args.out, *job, args.steps, data, extra), jobs)
+        paths = pool.map(lambda job: fit(args.out, job[0], job[1], args.steps, data, extra), jobs)
         report(dict(zip(jobs, paths)))
 
 
