@@ -8,9 +8,8 @@ training reward and ``found_turn_2``/``found_turn_3`` (success on a turn among t
 0.11 and 0.125), the first fifth of the steps against the last, the spread of the advantages per turn index, and for
 ``gigpo`` the share of turns that found a partner in a step group; from the trajectory log, how often the second
 guess stays inside the range the first answer left ("reads the answer"; blind 0.5-0.6) and the commonest first
-guesses at the end. ``gigpo_batch`` is GiGPO with
-``model.loss.step_groups: batch`` (this game's rows share one prompt, so contexts recur across prompt groups);
-``turn_returns_gamma0`` is ``turn_returns`` with ``gamma: 0``.
+guesses at the end. ``gigpo_batch`` is GiGPO with ``model.loss.step_groups: batch`` (this game's rows share one
+prompt, so contexts recur across prompt groups); ``turn_returns_gamma0`` is ``turn_returns`` with ``gamma: 0``.
 
     python benchmarks/credit_per_turn.py --out /tmp/credit --steps 800 --seeds 0 1 2
 
@@ -141,7 +140,9 @@ def play(metrics: Path) -> tuple[str, str]:
     for line in (metrics.parent / "trajectories" / "rank0.jsonl").open():
         record = json.loads(line)
         if record["split"] == "train" and not record["failed"]:
-            games.append((record["step"], record["extra"]["guesses"], [m["content"] for m in record["messages"]]))
+            messages = record["messages"]  # prompt, guess, answer, guess, ...
+            answer = messages[2]["content"] if len(messages) > 3 else None
+            games.append((record["step"], record["extra"]["guesses"], answer))
     if not games:
         return "", ""
     steps = max(step for step, _, _ in games) + 1
@@ -153,10 +154,9 @@ def play(metrics: Path) -> tuple[str, str]:
     return reads, commonest
 
 
-def reading(games: list[tuple[int, list[int | None], list[str]]]) -> float:
+def reading(games: list[tuple[int, list[int | None], str | None]]) -> float:
     inside = answered = 0
-    for _, guesses, messages in games:
-        answer = messages[2] if len(messages) > 3 else None
+    for _, guesses, answer in games:
         first, second = [*guesses, None, None][:2]
         if answer not in ("higher", "lower") or first is None or second is None:
             continue
