@@ -21,6 +21,10 @@ trajectory's group-normalised reward; ``gigpo``: GiGPO's episode plus step advan
 the prompt's trajectories generated from the same context; ``turn_returns``: each turn's discounted reward-to-go,
 baselined per turn index."""
 
+DEFAULT_GAMMAS = {"gigpo": 0.95, "turn_returns": 1.0}
+"""The discount per turn an estimator uses when ``model.loss.gamma`` is left unset: the 0.95 of GiGPO's paper (Feng et al.
+2025), and undiscounted reward-to-go for ``turn_returns``. An estimator not named here has no discount."""
+
 STEP_GROUPS = ("group", "batch")
 """``model.loss.step_groups``: where ``gigpo`` looks for a turn's step partners (turns generated from the identical
 context). ``group``: among its prompt group's trajectories, as the paper does; ``batch``: among every trajectory of

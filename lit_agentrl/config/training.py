@@ -107,8 +107,9 @@ class Loss:
             its trajectory's group-normalised reward), ``gigpo`` (GiGPO: plus ``step_weight`` times a step
             advantage among the group's turns generated from the same context) or ``turn_returns`` (each turn's
             discounted reward-to-go, baselined per turn index).
-        gamma: the discount per turn of ``gigpo`` and ``turn_returns`` (GiGPO's paper: 0.95).
-        step_weight: GiGPO's omega, the weight of its step advantage (the paper's 1.0).
+        gamma: the discount per turn of ``gigpo`` and ``turn_returns``; unset, each one's own (``gigpo`` the paper's
+            0.95, ``turn_returns`` 1.0: :data:`~lit_agentrl.config.choices.DEFAULT_GAMMAS`).
+        step_weight: GiGPO's omega, the weight of its step advantage; unset, the paper's 1.0.
         step_groups: where ``gigpo`` finds a turn's step partners: ``group`` (its prompt group, the paper's) or
             ``batch`` (any trajectory of the rank's rollout batch: for rows that share a prompt and differ only in
             what the environment hides).
@@ -129,8 +130,8 @@ class Loss:
     policy_ratio: Literal["token", "sequence"] = "token"
     advantage_std: Literal["sample", "population", "none"] = "sample"
     advantage: str = "grpo"
-    gamma: float = 1.0
-    step_weight: float = 1.0
+    gamma: float | None = None
+    step_weight: float | None = None
     step_groups: Literal["group", "batch"] = "group"
     sequence_rewards: Literal["shared", "own"] = "shared"
     old_logprobs: Literal["engine", "trainer"] = "engine"
@@ -164,16 +165,16 @@ class Loss:
                 ),
                 _one_of("model.loss.advantage_std", self.advantage_std, ADVANTAGE_STDS),
                 _one_of("model.loss.advantage", self.advantage, choices.ADVANTAGES),
-                (0.0 <= self.gamma <= 1.0, f"model.loss.gamma must be in [0, 1], got {self.gamma}"),
-                (self.step_weight >= 0, f"model.loss.step_weight must be >= 0, got {self.step_weight}"),
+                (0.0 <= self.discount <= 1.0, f"model.loss.gamma must be in [0, 1], got {self.gamma}"),
+                (self.omega >= 0, f"model.loss.step_weight must be >= 0, got {self.step_weight}"),
                 (
-                    self.gamma == 1.0 or self.advantage != "grpo",
+                    self.gamma is None or self.advantage != "grpo",
                     f"model.loss.gamma: {self.gamma} discounts the turn returns of gigpo and turn_returns, and "
                     "model.loss.advantage is grpo, which credits every turn with the undiscounted trajectory reward: "
                     "set advantage: gigpo or turn_returns, or drop gamma",
                 ),
                 (
-                    self.step_weight == 1.0 or self.advantage == "gigpo",
+                    self.step_weight is None or self.advantage == "gigpo",
                     f"model.loss.step_weight: {self.step_weight} weighs gigpo's step advantage, and "
                     f"model.loss.advantage is {self.advantage}: set advantage: gigpo, or drop step_weight",
                 ),
@@ -197,6 +198,16 @@ class Loss:
                 _one_of("model.loss.old_logprobs", self.old_logprobs, OLD_LOGPROBS),
             ]
         )
+
+    @property
+    def discount(self) -> float:
+        """``gamma`` as the estimator uses it: as set, else the estimator's own (``DEFAULT_GAMMAS``, else 1.0)."""
+        return self.gamma if self.gamma is not None else choices.DEFAULT_GAMMAS.get(self.advantage, 1.0)
+
+    @property
+    def omega(self) -> float:
+        """``step_weight`` as ``gigpo`` uses it: as set, else the paper's 1.0."""
+        return self.step_weight if self.step_weight is not None else 1.0
 
     @property
     def needs_reference(self) -> bool:

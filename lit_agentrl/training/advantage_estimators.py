@@ -124,8 +124,8 @@ def gigpo(episodes: Sequence[Episode], params: AdvantageParams) -> list[list[flo
     - Step advantage (Eq. 7): A^S(a_t^(i)) = (R_t^(i) - mean over G^S of R) / F_norm over G^S; 0 in a group of one.
     - Combined (Eq. 8): A(a_t^(i)) = A^E(tau_i) + omega * A^S(a_t^(i)).
 
-    F_norm is the std named by ``std`` (the paper's std, or 1: ``none``), at both levels. The paper's defaults are
-    omega = 1, gamma = 0.95. Every first turn shares its group's prompt as context, so the first turns form one step
+    F_norm is the std named by ``std`` (the paper's std, or 1: ``none``), at both levels. The paper's defaults,
+    omega = 1 and gamma = 0.95, are the config's when ``step_weight`` and ``gamma`` are unset. Every first turn shares its group's prompt as context, so the first turns form one step
     group: on a single-turn task (gamma^0 = 1, R_1 = R(tau)) A^S = A^E, and gigpo gives (1 + omega) * grpo.
 
     ``step_groups: batch`` widens G^S(s) to the turns with context s in any group of the batch (the paper keeps to

@@ -183,8 +183,8 @@ class GRPOModule(L.LightningModule):
             self.overlong,
             self.loss.sequence_rewards,
             advantage=self.loss.advantage,
-            gamma=self.loss.gamma,
-            step_weight=self.loss.step_weight,
+            gamma=self.loss.discount,
+            step_weight=self.loss.omega,
             step_groups=self.loss.step_groups,
             vision=vision_settings(self.policy),
         )

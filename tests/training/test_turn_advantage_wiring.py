@@ -137,14 +137,29 @@ def test_the_names_agree_and_bad_settings_name_their_key():
         ValueError, match=r"model\.loss\.step_weight: 2\.0 .*advantage is turn_returns: set advantage: gigpo"
     ):
         Loss(advantage="turn_returns", step_weight=2.0)
-    assert Loss(advantage="turn_returns", gamma=0.0).gamma == 0.0
+    with pytest.raises(ValueError, match=r"model\.loss\.gamma: 1\.0 discounts .*advantage is grpo"):
+        Loss(gamma=1.0)  # set is set: even the value the estimator would have used is not silently dropped
+    with pytest.raises(ValueError, match=r"model\.loss\.step_weight: 1\.0 .*advantage is grpo: set advantage: gigpo"):
+        Loss(step_weight=1.0)
+    assert Loss(advantage="turn_returns", gamma=0.0).discount == 0.0
+
+
+def test_an_unset_gamma_is_the_chosen_estimators_own():
+    # GiGPO's paper discounts its step returns by 0.95; reward-to-go is undiscounted; grpo has no discount.
+    assert Loss(advantage="gigpo").discount == 0.95 and Loss(advantage="gigpo").omega == 1.0
+    assert Loss(advantage="turn_returns").discount == 1.0
+    assert Loss().discount == 1.0
+    assert Loss(advantage="gigpo", gamma=1.0, step_weight=0.5).discount == 1.0
+    assert Loss(advantage="gigpo", gamma=1.0, step_weight=0.5).omega == 0.5
+    with pytest.raises(ValueError, match=r"model\.loss\.step_weight must be >= 0, got -1\.0"):
+        Loss(advantage="gigpo", step_weight=-1.0)
 
 
 @pytest.mark.slow
 def test_a_multi_turn_fit_trains_with_gigpo_and_logs_its_step_groups(tmp_path, quickstart_model_dir, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)  # the config names its data and agent YAML from the project root
     settings = yaml.safe_load((REPO_ROOT / "configs/quickstart_multiturn.yaml").read_text())
-    settings["model"]["loss"] = {"advantage": "gigpo", "gamma": 0.95}
+    settings["model"]["loss"] = {"advantage": "gigpo"}  # gamma and step_weight unset: the paper's
     config = tmp_path / "gigpo.yaml"
     config.write_text(yaml.safe_dump(settings))
     rows = [r for r in short_fit(config, quickstart_model_dir, tmp_path / "logs", steps=2) if r.get("train/loss")]
