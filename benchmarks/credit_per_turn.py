@@ -16,6 +16,9 @@ prompt, so contexts recur across prompt groups); ``turn_returns_gamma0`` is ``tu
 ``--samples-per-prompt N`` plays N games per prompt and 128 / N prompts a step (the same 128 games; more of a
 group's turns then share their context with another's), and ``--fit-args`` adds options to every run's fit.
 
+``--exact`` prints the game's exact win rates for policies that read the answers on turn 2, 3, both or neither, from a
+uniform, an edge (1) or a middle (4) first guess: what each move is worth, computed, not trained.
+
 Everything a run writes (the tiny model, the sparse agent config and data, the logs) goes under ``--out``; a run
 whose ``metrics.csv`` is complete is not run again, so an interrupted sweep resumes.
 """
@@ -32,6 +35,7 @@ import subprocess
 import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,6 +169,44 @@ def reading(games: list[tuple[int, list[int | None], str | None]]) -> float:
     return inside / answered if answered else float("nan")
 
 
+def win_rate(first: int | None, read_second: bool, read_third: bool) -> Fraction:
+    """The game's exact win rate (a secret uniform over the ten digits, three guesses) for a policy whose first guess
+    is ``first`` (None: uniform) and whose second and third guesses are uniform over the range the answers left
+    (``read_*``) or over all ten digits (blind)."""
+    firsts = range(10) if first is None else [first]
+    wins = Fraction(0)
+    for secret in range(10):
+        for guess in firsts:
+            wins += Fraction(1, 10 * len(firsts)) * _win_from(secret, guess, 0, 9, [read_second, read_third])
+    return wins
+
+
+def _win_from(secret: int, guess: int, low: int, high: int, reads: list[bool]) -> Fraction:
+    if guess == secret:
+        return Fraction(1)
+    if not reads:
+        return Fraction(0)
+    if low <= guess <= high:
+        low, high = (max(low, guess + 1), high) if secret > guess else (low, min(high, guess - 1))
+    choices = range(low, high + 1) if reads[0] else range(10)
+    return sum((_win_from(secret, g, low, high, reads[1:]) for g in choices), Fraction(0)) / len(choices)
+
+
+READINGS = ((False, False), (False, True), (True, False), (True, True))
+"""(second guess reads, third guess reads), the columns of :func:`exact_values`."""
+
+
+def exact_values() -> None:
+    """The win rates behind the report's reading: what reading the answers is worth, and where the first guess
+    matters (only once the later guesses read)."""
+    print("| first guess | blind after | reads on turn 3 | reads on turn 2 | reads on both |")
+    print("|---|---|---|---|---|")
+    for first in (None, 1, 4):
+        rates = [win_rate(first, second, third) for second, third in READINGS]
+        name = "uniform" if first is None else str(first)
+        print(f"| {name} | " + " | ".join(f"{float(r):.3f}" for r in rates) + " |")
+
+
 def report(results: dict[tuple[str, int], Path]) -> None:
     names = " | ".join(s.split("/")[-1] for s in SERIES)
     print(
@@ -197,7 +239,7 @@ def report(results: dict[tuple[str, int], Path]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for everything the runs write")
+    parser.add_argument("--out", type=Path, help="folder for everything the runs write (needed but with --exact)")
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
@@ -207,7 +249,13 @@ def main() -> None:
     parser.add_argument("--fit-args", default="", help="more options for every run's fit, e.g. '--model.loss.gamma 1'")
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
     parser.add_argument("--report-only", action="store_true", help="summarise the runs already under --out")
+    parser.add_argument("--exact", action="store_true", help="print the game's exact win rates by policy, and stop")
     args = parser.parse_args()
+    if args.exact:
+        exact_values()
+        return
+    if args.out is None:
+        parser.error("--out is required")
     if args.samples_per_prompt < 1 or GAMES_PER_STEP % args.samples_per_prompt:
         parser.error(f"--samples-per-prompt must divide {GAMES_PER_STEP}, got {args.samples_per_prompt}")
     args.out = args.out.resolve()
