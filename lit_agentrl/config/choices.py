@@ -28,7 +28,8 @@ DEFAULT_GAMMAS = {"gigpo": 0.95, "turn_returns": 1.0}
 STEP_GROUPS = ("group", "batch")
 """``model.loss.step_groups``: where ``gigpo`` looks for a turn's step partners (turns generated from the identical
 context). ``group``: among its prompt group's trajectories, as the paper does; ``batch``: among every trajectory of
-the rank's rollout batch, for tasks whose rows share a prompt and differ in hidden state only."""
+the step's rollout batch, on every data-parallel rank, for tasks whose rows share a prompt and differ in hidden state
+only."""
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 """``model.loss.aggregation``: how token losses become one loss (``lit_agentrl.training.losses.AGGREGATIONS`` holds

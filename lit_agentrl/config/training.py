@@ -111,8 +111,8 @@ class Loss:
             0.95, ``turn_returns`` 1.0: :data:`~lit_agentrl.config.choices.DEFAULT_GAMMAS`).
         step_weight: GiGPO's omega, the weight of its step advantage; unset, the paper's 1.0.
         step_groups: where ``gigpo`` finds a turn's step partners: ``group`` (its prompt group, the paper's) or
-            ``batch`` (any trajectory of the rank's rollout batch: for rows that share a prompt and differ only in
-            what the environment hides).
+            ``batch`` (any trajectory of the step's rollout batch, gathered from every data-parallel rank: for rows
+            that share a prompt and differ only in what the environment hides).
         sequence_rewards: how a trajectory whose model calls formed several token sequences is scored: ``shared``
             (each sequence gets the trajectory's advantage) or ``own`` (each sequence is a member of its group,
             scored by the reward the agent gave it, else the trajectory's).

@@ -13,7 +13,7 @@ from lit_agentrl.config.training import Overlong
 from lit_agentrl.models.processors import mrope_position_ids
 from lit_agentrl.training.advantage_estimators import AdvantageParams
 from lit_agentrl.training.losses import grpo_advantages
-from lit_agentrl.training.turn_advantages import turn_advantages
+from lit_agentrl.training.turn_advantages import EpisodePool, turn_advantages
 from lit_agentrl.types import TokenSequence, Trajectory
 
 
@@ -60,6 +60,7 @@ def prepare_samples(
     step_weight: float = 1.0,
     step_groups: str = "group",
     vision: tuple[int, int] | None = None,
+    pool: EpisodePool | None = None,
 ) -> PreparedSamples:
     """Advantages over each prompt group's successful trajectories; failed ones are left out entirely.
 
@@ -70,7 +71,8 @@ def prepare_samples(
     sample; ``sequence_rewards`` (:data:`SEQUENCE_REWARDS`) says how a trajectory of several sequences is scored.
     ``advantage`` other than ``grpo`` gives each model turn its own advantage (:mod:`turn_advantages`, with the
     discount ``gamma`` and GiGPO's ``step_weight`` and ``step_groups``), for trajectories of one token sequence; a turn's
-    context is its tokens and, with ``vision`` (the policy's ``(image_token_id, spatial_merge_size)``), its images.
+    context is its tokens and, with ``vision`` (the policy's ``(image_token_id, spatial_merge_size)``), its images;
+    ``pool`` gathers the other data-parallel ranks' turns, for step groups over the whole batch.
     """
     if sequence_rewards not in SEQUENCE_REWARDS:
         raise ValueError(
@@ -90,11 +92,11 @@ def prepare_samples(
             f"agent(s) {scored} gave sequences rewards of their own, which model.loss.sequence_rewards: shared would "
             "not use: set model.loss.sequence_rewards: own, or leave TokenSequence.reward unset"
         )
-    if not ok:
+    if not ok and (pool is None or advantage == "grpo"):  # a pool: this rank still takes part in the gathering
         return PreparedSamples([], 0, 0, len(trajectories))
     if advantage != "grpo":
         params = AdvantageParams(advantage_std, gamma, step_weight, step_groups)
-        return _turn_level_samples(ok, len(trajectories) - len(ok), overlong, advantage, params, vision)
+        return _turn_level_samples(ok, len(trajectories) - len(ok), overlong, advantage, params, vision, pool)
     # The members of each group's statistics: a trajectory (shared: all its sequences get its advantage) or, with
     # ``own``, each of its sequences, scored by its own reward when it has one. The first member of a trajectory
     # holds its main sequence.
@@ -132,6 +134,7 @@ def _turn_level_samples(
     advantage: str,
     params: AdvantageParams,
     vision: tuple[int, int] | None,
+    pool: EpisodePool | None,
 ) -> PreparedSamples:
     """Samples whose tokens carry their turn's advantage (trajectories of one token sequence each)."""
     several = sorted({t.agent_name for t in ok if t.other_sequences})
@@ -141,7 +144,7 @@ def _turn_level_samples(
             f"model.loss.advantage: {advantage} to credit: use model.loss.advantage: grpo with such agents"
         )
     outcomes = [t.reward + overlong.penalty(t.num_generated_tokens) for t in ok]
-    result = turn_advantages(ok, outcomes, advantage, params, vision)
+    result = turn_advantages(ok, outcomes, advantage, params, vision, pool)
     samples = []
     for t, per_token, per_turn in zip(ok, result.per_token, result.per_turn):
         t.advantage = per_turn[0]  # the first turn's, for the trajectory log and the viewer

@@ -27,6 +27,7 @@ from lit_agentrl.errors import UserInputError
 from lit_agentrl.models.lora_names import is_adapter
 from lit_agentrl.models.processors import vision_settings
 from lit_agentrl.models.skeleton import empty_model
+from lit_agentrl.training.advantage_estimators import Episode
 from lit_agentrl.training.batching import (
     MicroBatch,
     TrainingSample,
@@ -42,6 +43,7 @@ from lit_agentrl.training.losses import LossScale, TokenLogProbs
 from lit_agentrl.training.lr_schedule import lr_factor
 from lit_agentrl.training.objective import loss_scale, micro_batch_loss
 from lit_agentrl.training.policy_checks import check_data_parallel_mesh, check_packing_support
+from lit_agentrl.training.turn_advantages import EpisodePool
 from lit_agentrl.types import PromptBatch
 
 # Lightning 2.6 warns that ModelCheckpoint(every_n_train_steps) under manual optimization saves the state after the
@@ -187,6 +189,7 @@ class GRPOModule(L.LightningModule):
             step_weight=self.loss.omega,
             step_groups=self.loss.step_groups,
             vision=vision_settings(self.policy),
+            pool=self._episode_pool() if self.loss.step_groups == "batch" else None,
         )
         stats: dict[str, list[float]] = {}
         if self.loss.old_logprobs == "trainer" and not self.old_logprobs_from_update:
@@ -365,6 +368,23 @@ class GRPOModule(L.LightningModule):
         dist.all_reduce(counts, group=group)
         tokens, sequences = (max(float(c), 1.0) / ranks for c in counts.tolist())
         return LossScale(tokens=tokens, sequences=sequences, norm_length=self.loss.scale_length)
+
+    def _episode_pool(self) -> EpisodePool | None:
+        """Gathers the data-parallel ranks' episodes, so step groups span the whole batch; None on one rank."""
+        mesh = self.device_mesh
+        if mesh is None or not dist.is_initialized():
+            return None
+        group = mesh["data_parallel"].get_group()
+        ranks = dist.get_world_size(group)
+        if ranks == 1:
+            return None
+
+        def pool(episodes: list[Episode]) -> tuple[list[list[Episode]], int]:
+            gathered: list[Any] = [None] * ranks
+            dist.all_gather_object(gathered, episodes, group=group)
+            return gathered, dist.get_rank(group)
+
+        return pool
 
     def _max_across_ranks(self, value: int) -> int:
         if not dist.is_initialized() or dist.get_world_size() == 1:

@@ -5,8 +5,8 @@ stay out of the loss by their mask)."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from lit_agentrl.training.advantage_estimators import ESTIMATORS, AdvantageParams, Episode, Turn, step_group_sizes
 from lit_agentrl.turns import context_images, turn_anchor, turn_spans
@@ -16,6 +16,9 @@ TURNS_LOGGED = 8
 """Turn indices with metrics of their own (an agent of many turns would otherwise log hundreds of keys)."""
 FLAT = 1e-6
 """A group whose every turn's advantage is at most this far from 0 gives no gradient."""
+
+EpisodePool = Callable[[list[Episode]], tuple[list[list[Episode]], int]]
+"""Gathers every data-parallel rank's episodes: (each rank's, in rank order; this rank's index among them)."""
 
 
 @dataclass
@@ -38,10 +41,15 @@ def turn_advantages(
     estimator: str,
     params: AdvantageParams,
     vision: tuple[int, int] | None = None,
+    pool: EpisodePool | None = None,
 ) -> TurnAdvantages:
     """The advantages of ``estimator`` (a name of ``ESTIMATORS``) for trajectories scored ``outcomes`` (their rewards,
     turn rewards and overlong penalty included), each turn's context the exact token prefix before it and the images
-    it shows (``vision``: a vision-language policy's ``(image_token_id, spatial_merge_size)``, needed with images)."""
+    it shows (``vision``: a vision-language policy's ``(image_token_id, spatial_merge_size)``, needed with images).
+
+    With ``step_groups: batch`` and a ``pool`` (several data-parallel ranks), the step groups are formed over every
+    rank's episodes, so the advantages and step-group metrics are those of the whole step's batch, whatever the number
+    of ranks it is split over."""
     with_images = sorted({t.agent_name for t in trajectories if t.multi_modal_inputs})
     if with_images and vision is None:
         raise ValueError(
@@ -50,12 +58,24 @@ def turn_advantages(
         )
     spans = [turn_spans(t.loss_mask, len(t.prompt_ids)) for t in trajectories]
     episodes = [_episode(t, turns, outcome, vision) for t, turns, outcome in zip(trajectories, spans, outcomes)]
-    per_turn = ESTIMATORS[estimator](episodes, params)
+    batch, own = _pooled(episodes, pool) if pool and params.step_groups == "batch" else (episodes, slice(None))
+    batch_per_turn = ESTIMATORS[estimator](batch, params)
+    per_turn = batch_per_turn[own]
     per_token = [
         _on_tokens(len(t.all_token_ids), turns, values) for t, turns, values in zip(trajectories, spans, per_turn)
     ]
-    metrics = turn_metrics(step_group_sizes(episodes, params.step_groups), episodes, per_turn)
+    metrics = turn_metrics(step_group_sizes(batch, params.step_groups), batch, batch_per_turn)
     return TurnAdvantages(per_token, per_turn, _flat_groups(episodes, per_turn), metrics)
+
+
+def _pooled(episodes: list[Episode], pool: EpisodePool) -> tuple[list[Episode], slice]:
+    """Every rank's episodes as one batch (each prompt group numbered apart per rank, as ranks number their own
+    groups), and where this rank's lie in it."""
+    per_rank, rank = pool(episodes)
+    ids: dict[tuple[int, int], int] = {}
+    batch = [replace(e, group=ids.setdefault((r, e.group), len(ids))) for r, part in enumerate(per_rank) for e in part]
+    start = sum(len(part) for part in per_rank[:rank])
+    return batch, slice(start, start + len(episodes))
 
 
 def turn_metrics(
