@@ -20,6 +20,7 @@ import torch
 from lit_agentrl.config.run_file import cpu_run, write_config
 from lit_agentrl.config.sampling import SamplingParams
 from lit_agentrl.engines.base import RolloutEngine
+from lit_agentrl.types import Trajectory
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MATH_SAMPLE_TRAIN = REPO_ROOT / "data" / "samples" / "math_sample_train.jsonl"
@@ -405,3 +406,19 @@ def smg_router(urls: list[str]) -> Iterator[str]:
         yield url
     finally:
         kill_tree(process.pid)
+
+
+def two_turns(sample: int, first: int, second: int, reward: float, group: int = 0) -> Trajectory:
+    """A trajectory of prompt [1, 2], a one-token model turn ``first``, a tool's answer [4, 5], a one-token model
+    turn ``second``, scored ``reward``."""
+    ids = [1, 2, first, 4, 5, second]
+    return Trajectory(
+        group=group,
+        sample=sample,
+        agent_name="two_turns",
+        prompt_ids=[1, 2],
+        all_token_ids=ids,
+        loss_mask=[0, 0, 1, 0, 0, 1],
+        response_logprobs=[-0.5, 0.0, 0.0, -0.5],
+        reward=reward,
+    )

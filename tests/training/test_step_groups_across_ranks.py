@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from support import free_port
+from support import free_port, two_turns
 from torch.distributed.device_mesh import init_device_mesh
 
 from lit_agentrl.config.training import Loss
@@ -29,19 +29,8 @@ GAMES = [(3, 6, 1.0), (8, 7, 0.0), (3, 5, 0.0), (8, 7, 1.0)]
 
 
 def game(index: int, group: int) -> Trajectory:
-    """Prompt [1, 2], a one-token turn, a tool's answer [4, 5], a one-token turn."""
     first, second, reward = GAMES[index]
-    ids = [1, 2, first, 4, 5, second]
-    return Trajectory(
-        group=group,
-        sample=0,
-        agent_name="two_turns",
-        prompt_ids=[1, 2],
-        all_token_ids=ids,
-        loss_mask=[0, 0, 1, 0, 0, 1],
-        response_logprobs=[-0.5, 0.0, 0.0, -0.5],
-        reward=reward,
-    )
+    return two_turns(0, first, second, reward, group)
 
 
 def turn_advantages(games: list[Trajectory], pool=None) -> tuple[list[list[float] | None], dict[str, float]]:

@@ -8,28 +8,13 @@ import math
 import pytest
 import torch
 import yaml
-from support import REPO_ROOT, short_fit
+from support import REPO_ROOT, short_fit, two_turns
 
 from lit_agentrl.config import choices
 from lit_agentrl.config.training import Loss
 from lit_agentrl.training.advantage_estimators import ESTIMATORS
 from lit_agentrl.training.batching import collate, prepare_samples
 from lit_agentrl.types import TokenSequence, Trajectory
-
-
-def two_turns(sample: int, first: int, second: int, reward: float) -> Trajectory:
-    """Prompt [1, 2], a model turn, a tool's answer [4, 5], a second model turn."""
-    ids = [1, 2, first, 4, 5, second]
-    return Trajectory(
-        group=0,
-        sample=sample,
-        agent_name="two_turns",
-        prompt_ids=[1, 2],
-        all_token_ids=ids,
-        loss_mask=[0, 0, 1, 0, 0, 1],
-        response_logprobs=[-0.5, 0.0, 0.0, -0.5],
-        reward=reward,
-    )
 
 
 def test_gigpo_gives_each_turn_its_own_advantage_on_its_tokens_only():
