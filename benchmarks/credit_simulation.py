@@ -6,6 +6,7 @@ The policy here is a two-layer MLP over one-hot features of the guesses and answ
 building anything into the trainer: does a credit rule change how fast the game is learned? Rules:
 
 - ``grpo``: every turn gets its game's group-normalised reward (the project's ``grpo``);
+- ``grpo_whitened``: the same, whitened over the whole batch instead of per group (the critic's normalisation);
 - ``gamma0``: each turn gets 1 if it found the digit, baselined per turn index within its group (``turn_returns``
   with ``gamma: 0``);
 - ``critic``: a learned value V(s) (a second MLP, regressed on the lambda-returns) and GAE over turns (Schulman et al.
@@ -77,6 +78,12 @@ def grpo(rewards: torch.Tensor, reached: torch.Tensor) -> torch.Tensor:
     return advantage.reshape(GAMES, 1).expand(GAMES, TURNS)
 
 
+def grpo_whitened(rewards: torch.Tensor, reached: torch.Tensor) -> torch.Tensor:
+    """The outcome advantage whitened over the whole batch, as the critic's advantages are: its control."""
+    total = rewards.sum(1)
+    return ((total - total.mean()) / (total.std() + 1e-6)).view(GAMES, 1).expand(GAMES, TURNS)
+
+
 def gamma0(rewards: torch.Tensor, reached: torch.Tensor) -> torch.Tensor:
     """Each turn's own reward, centred and scaled over its group's games that reached that turn."""
     r, m = rewards.view(GROUPS, PER_GROUP, TURNS), reached.view(GROUPS, PER_GROUP, TURNS)
@@ -96,6 +103,10 @@ def gae(rewards: torch.Tensor, reached: torch.Tensor, values: torch.Tensor, lam:
         running = delta[:, turn] + lam * running * later
         advantages[:, turn] = running
     return advantages
+
+
+OUTCOME_RULES = {"grpo": grpo, "grpo_whitened": grpo_whitened, "gamma0": gamma0}
+RULES = [*OUTCOME_RULES, "critic"]
 
 
 def train(rule: str, seed: int, steps: int, lr: float, lam: float) -> tuple[list[float], list[float]]:
@@ -122,7 +133,7 @@ def train(rule: str, seed: int, steps: int, lr: float, lam: float) -> tuple[list
                 value_loss.backward()
                 critic_optimizer.step()
         else:
-            advantages = {"grpo": grpo, "gamma0": gamma0}[rule](rewards, reached)
+            advantages = OUTCOME_RULES[rule](rewards, reached)
         loss = -(logps * advantages * reached).sum() / reached.sum()
         optimizer.zero_grad()
         loss.backward()
@@ -133,9 +144,7 @@ def train(rule: str, seed: int, steps: int, lr: float, lam: float) -> tuple[list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--rules", nargs="+", default=["grpo", "gamma0", "critic"], choices=["grpo", "gamma0", "critic"]
-    )
+    parser.add_argument("--rules", nargs="+", default=["grpo", "gamma0", "critic"], choices=RULES)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--lr", type=float, default=3e-4, help="the policy's Adam learning rate")
