@@ -14,14 +14,14 @@ SEQUENCE_REWARDS = ("shared", "own")
 member of its group, and each of its sequences gets its advantage; ``own``: each sequence is a member, scored by the
 reward the agent gave it (``TokenSequence.reward``), else by the trajectory's."""
 
-ADVANTAGES = ("grpo", "gigpo", "turn_returns")
+ADVANTAGES = ("grpo", "gigpo", "turn_returns", "gae")
 """``model.loss.advantage``: how a trajectory's rewards become the advantages of its tokens
 (``lit_agentrl.training.advantage_estimators.ESTIMATORS`` holds each one's function). ``grpo``: every token gets its
 trajectory's group-normalised reward; ``gigpo``: GiGPO's episode plus step advantage, a step's group being the turns of
 the prompt's trajectories generated from the same context; ``turn_returns``: each turn's discounted reward-to-go,
-baselined per turn index."""
+baselined per turn index; ``gae``: generalised advantage estimation over turns with a learned critic."""
 
-DEFAULT_GAMMAS = {"gigpo": 0.95, "turn_returns": 1.0}
+DEFAULT_GAMMAS = {"gigpo": 0.95, "turn_returns": 1.0, "gae": 1.0}
 """The discount per turn an estimator uses when ``model.loss.gamma`` is left unset: the 0.95 of GiGPO's paper (Feng et al.
 2025), and undiscounted reward-to-go for ``turn_returns``. An estimator not named here has no discount."""
 

@@ -110,6 +110,10 @@ class Loss:
         gamma: the discount per turn of ``gigpo`` and ``turn_returns``; unset, each one's own (``gigpo`` the paper's
             0.95, ``turn_returns`` 1.0: :data:`~lit_agentrl.config.choices.DEFAULT_GAMMAS`).
         step_weight: GiGPO's omega, the weight of its step advantage; unset, the paper's 1.0.
+        gae_lambda: GAE's lambda for ``gae`` (unset: 0.95, the PPO paper's); 1 uses the critic as a baseline only,
+            lower values bootstrap from it.
+        value_lr: the learning rate of ``gae``'s critic, a small value head on the policy's detached final hidden
+            states with an AdamW of its own (unset: 1e-3).
         step_groups: where ``gigpo`` finds a turn's step partners: ``group`` (its prompt group, the paper's) or
             ``batch`` (any trajectory of the step's rollout batch, gathered from every data-parallel rank: for rows
             that share a prompt and differ only in what the environment hides).
@@ -133,6 +137,8 @@ class Loss:
     gamma: float | None = None
     step_weight: float | None = None
     step_groups: Literal["group", "batch"] = "group"
+    gae_lambda: float | None = None
+    value_lr: float | None = None
     sequence_rewards: Literal["shared", "own"] = "shared"
     old_logprobs: Literal["engine", "trainer"] = "engine"
 
@@ -178,6 +184,16 @@ class Loss:
                     f"model.loss.step_weight: {self.step_weight} weighs gigpo's step advantage, and "
                     f"model.loss.advantage is {self.advantage}: set advantage: gigpo, or drop step_weight",
                 ),
+                (0.0 <= self.lam <= 1.0, f"model.loss.gae_lambda must be in [0, 1], got {self.gae_lambda}"),
+                (self.critic_lr > 0, f"model.loss.value_lr must be > 0, got {self.value_lr}"),
+                *(
+                    (
+                        value is None or self.advantage == "gae",
+                        f"model.loss.{key}: {value} belongs to gae's critic, and model.loss.advantage is "
+                        f"{self.advantage}: set advantage: gae, or drop {key}",
+                    )
+                    for key, value in (("gae_lambda", self.gae_lambda), ("value_lr", self.value_lr))
+                ),
                 _one_of("model.loss.step_groups", self.step_groups, STEP_GROUPS),
                 (
                     self.step_groups == "group" or self.advantage == "gigpo",
@@ -203,6 +219,16 @@ class Loss:
     def discount(self) -> float:
         """``gamma`` as the estimator uses it: as set, else the estimator's own (``DEFAULT_GAMMAS``, else 1.0)."""
         return self.gamma if self.gamma is not None else choices.DEFAULT_GAMMAS.get(self.advantage, 1.0)
+
+    @property
+    def lam(self) -> float:
+        """``gae_lambda`` as ``gae`` uses it: as set, else the PPO paper's 0.95."""
+        return self.gae_lambda if self.gae_lambda is not None else 0.95
+
+    @property
+    def critic_lr(self) -> float:
+        """``value_lr`` as ``gae``'s critic uses it: as set, else 1e-3."""
+        return self.value_lr if self.value_lr is not None else 1e-3
 
     @property
     def omega(self) -> float:

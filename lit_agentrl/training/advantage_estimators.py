@@ -15,6 +15,7 @@ name                      value per turn                           compared with
 ``grpo``                  R(tau_i) = sum_t r_t^(i)                 the trajectories of its prompt group
 ``gigpo``                 A^E(tau_i) + omega * A^S                 A^S: turns of its group with the same anchor
 ``turn_returns``          R_t^(i) = sum_{k>=t} gamma^(k-t) r_k     turns of its group with the same turn index t
+``gae``                   G_t^lambda - V(s_t), V a learned critic  every turn of the batch
 ========================  =======================================  ==============================================
 """
 
@@ -40,6 +41,8 @@ class Turn:
     """Key of the exact token context the turn was generated in; equal keys within a group: the same state."""
     reward: float = 0.0
     """The turn's own reward (0.0: it has none)."""
+    value: float = 0.0
+    """A critic's estimate V(s) of the return from the turn's context (``gae``; 0.0 where no critic runs)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class Episode:
         bad = {name: value for name, value in values.items() if not math.isfinite(value)}
         if bad:
             raise ValueError(f"an episode of group {self.group} has non-finite rewards: {bad}")
+        values = {f"turn {i} value": t.value for i, t in enumerate(self.turns) if not math.isfinite(t.value)}
+        if values:
+            raise ValueError(f"an episode of group {self.group} has non-finite values (its critic's): {values}")
 
     @property
     def rewards(self) -> list[float]:
@@ -85,6 +91,8 @@ class AdvantageParams:
     """GiGPO's omega >= 0, the weight of the step advantage (``gigpo``)."""
     step_groups: str = "group"
     """One of :data:`~lit_agentrl.config.choices.STEP_GROUPS`: where ``gigpo``'s step groups are formed."""
+    lam: float = 1.0
+    """GAE's lambda in [0, 1] (``gae``): 1 is the Monte Carlo return, 0 the one-turn temporal difference."""
 
     def __post_init__(self) -> None:
         if self.std not in ADVANTAGE_STDS:
@@ -95,6 +103,8 @@ class AdvantageParams:
             raise ValueError(
                 f"advantage step_weight (GiGPO's omega) must be a finite number >= 0, got {self.step_weight}"
             )
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"advantage lam (GAE's lambda) must be in [0, 1], got {self.lam}")
         if self.step_groups not in STEP_GROUPS:
             raise ValueError(f"advantage step_groups must be one of {list(STEP_GROUPS)}, got {self.step_groups!r}")
 
@@ -164,7 +174,31 @@ def turn_returns(episodes: Sequence[Episode], params: AdvantageParams) -> list[l
     return _per_turn(returns, keys, params.std)
 
 
-ESTIMATORS: dict[str, Estimator] = {"grpo": grpo, "gigpo": gigpo, "turn_returns": turn_returns}
+def gae(episodes: Sequence[Episode], params: AdvantageParams) -> list[list[float]]:
+    """Generalised advantage estimation over turns with a learned critic (Schulman et al. 2016, "High-Dimensional
+    Continuous Control Using Generalized Advantage Estimation", arXiv 1506.02438, Eq. 16), a turn being a time step.
+
+    - TD residual: delta_t = r_t + gamma V(s_{t+1}) - V(s_t), with V(s_{T+1}) = 0 after the last turn.
+    - A_t = sum_{k>=0} (gamma lambda)^k delta_{t+k} = G_t^lambda - V(s_t), G^lambda the lambda-return
+      (:func:`lambda_returns`, also the critic's regression target).
+    - Normalised over every turn of the batch (mean-centred, over the std named by ``std``), as PPO implementations
+      whiten their advantages (verl's ``masked_whiten``).
+
+    V(s_t) is each turn's ``value``, the critic's estimate before this step's update. lambda = 1 uses V as a baseline
+    only (the return minus V); lambda < 1 bootstraps: a turn is credited with what V says its successor context is
+    worth instead of the later turns' luck. On a single-turn task A = r - V(prompt), whitened: not ``grpo``.
+    """
+    raw = [
+        [
+            g - t.value
+            for g, t in zip(lambda_returns(e.rewards, [t.value for t in e.turns], params.gamma, params.lam), e.turns)
+        ]
+        for e in episodes
+    ]
+    return _per_turn(raw, [[0] * len(e.turns) for e in episodes], params.std)
+
+
+ESTIMATORS: dict[str, Estimator] = {"grpo": grpo, "gigpo": gigpo, "turn_returns": turn_returns, "gae": gae}
 """Advantage estimator names -> functions: a new estimator is one function and its entry here."""
 
 
@@ -175,6 +209,18 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     for reward in reversed(rewards):
         later = reward + gamma * later
         returns.append(later)
+    return returns[::-1]
+
+
+def lambda_returns(rewards: Sequence[float], values: Sequence[float], gamma: float, lam: float) -> list[float]:
+    """G_t^lambda for each t, computed backwards: G_t = r_t + gamma ((1 - lambda) V_{t+1} + lambda G_{t+1}), with
+    G_{T+1} = V_{T+1} = 0; G_t - V_t is GAE's advantage (lambda 1: the discounted return; 0: r_t + gamma V_{t+1})."""
+    returns: list[float] = []
+    later_return = later_value = 0.0
+    for reward, value in zip(reversed(rewards), reversed(values), strict=True):
+        later_return = reward + gamma * ((1 - lam) * later_value + lam * later_return)
+        later_value = value
+        returns.append(later_return)
     return returns[::-1]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -47,6 +47,12 @@ class PreparedSamples(NamedTuple):
     num_failed: int
     turn_metrics: dict[str, float] = {}  # noqa: RUF012 (a NamedTuple's default, never mutated)
     """With a turn-level ``model.loss.advantage``: its step groups and per-turn figures (``turn_metrics``)."""
+    value_targets: list[list[float]] = []  # noqa: RUF012
+    """``gae``: the lambda-return of each turn of each trajectory ``turn_values`` was given, in its order."""
+
+
+TurnValues = Callable[[list[TrainingSample]], list[list[float]]]
+"""The critic's V of each model turn of each sample, in order (``gae``)."""
 
 
 def prepare_samples(
@@ -59,8 +65,10 @@ def prepare_samples(
     gamma: float = 1.0,
     step_weight: float = 1.0,
     step_groups: str = "group",
+    lam: float = 1.0,
     vision: tuple[int, int] | None = None,
     pool: EpisodePool | None = None,
+    turn_values: TurnValues | None = None,
 ) -> PreparedSamples:
     """Advantages over each prompt group's successful trajectories; failed ones are left out entirely.
 
@@ -72,7 +80,8 @@ def prepare_samples(
     ``advantage`` other than ``grpo`` gives each model turn its own advantage (:mod:`turn_advantages`, with the
     discount ``gamma`` and GiGPO's ``step_weight`` and ``step_groups``), for trajectories of one token sequence; a turn's
     context is its tokens and, with ``vision`` (the policy's ``(image_token_id, spatial_merge_size)``), its images;
-    ``pool`` gathers the other data-parallel ranks' turns, for step groups over the whole batch.
+    ``pool`` gathers the other data-parallel ranks' turns, for step groups over the whole batch. ``gae`` takes its
+    critic's values from ``turn_values``, given every successful trajectory's sample.
     """
     if sequence_rewards not in SEQUENCE_REWARDS:
         raise ValueError(
@@ -95,8 +104,9 @@ def prepare_samples(
     if not ok and (pool is None or advantage == "grpo"):  # a pool: this rank still takes part in the gathering
         return PreparedSamples([], 0, 0, len(trajectories))
     if advantage != "grpo":
-        params = AdvantageParams(advantage_std, gamma, step_weight, step_groups)
-        return _turn_level_samples(ok, len(trajectories) - len(ok), overlong, advantage, params, vision, pool)
+        params = AdvantageParams(advantage_std, gamma, step_weight, step_groups, lam)
+        failed = len(trajectories) - len(ok)
+        return _turn_level_samples(ok, failed, overlong, advantage, params, vision, pool, turn_values)
     # The members of each group's statistics: a trajectory (shared: all its sequences get its advantage) or, with
     # ``own``, each of its sequences, scored by its own reward when it has one. The first member of a trajectory
     # holds its main sequence.
@@ -135,6 +145,7 @@ def _turn_level_samples(
     params: AdvantageParams,
     vision: tuple[int, int] | None,
     pool: EpisodePool | None,
+    turn_values: TurnValues | None,
 ) -> PreparedSamples:
     """Samples whose tokens carry their turn's advantage (trajectories of one token sequence each)."""
     several = sorted({t.agent_name for t in ok if t.other_sequences})
@@ -144,7 +155,12 @@ def _turn_level_samples(
             f"model.loss.advantage: {advantage} to credit: use model.loss.advantage: grpo with such agents"
         )
     outcomes = [t.reward + overlong.penalty(t.num_generated_tokens) for t in ok]
-    result = turn_advantages(ok, outcomes, advantage, params, vision, pool)
+    values = None
+    if advantage == "gae":
+        if turn_values is None:
+            raise ValueError("model.loss.advantage: gae needs its critic's values (turn_values)")
+        values = turn_values([_shift(t.sequences[0], 0.0, t.multi_modal_inputs) for t in ok])
+    result = turn_advantages(ok, outcomes, advantage, params, vision, pool, values)
     samples = []
     for t, per_token, per_turn in zip(ok, result.per_token, result.per_turn):
         t.advantage = per_turn[0]  # the first turn's, for the trajectory log and the viewer
@@ -153,7 +169,7 @@ def _turn_level_samples(
             continue
         samples.append(_shift(t.sequences[0], per_token, t.multi_modal_inputs))
     groups = len({t.group for t in ok})
-    return PreparedSamples(samples, groups, result.num_flat_groups, num_failed, result.metrics)
+    return PreparedSamples(samples, groups, result.num_flat_groups, num_failed, result.metrics, result.value_targets)
 
 
 def _member_reward(t: Trajectory, sequence: TokenSequence) -> float:

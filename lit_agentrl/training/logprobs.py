@@ -67,6 +67,21 @@ def model_token_logprobs(
     return TokenLogProbs(both[..., 0], both[..., 1] if with_entropy else None)
 
 
+def model_hidden_states(model: PreTrainedModel, inputs: dict[str, Any], positions: torch.Tensor) -> torch.Tensor:
+    """The final hidden states (what the output head reads) of ``model(**inputs)`` at ``positions`` ([R, W] bool):
+    [N, H] in row-major order. The head is skipped, so no logits are computed."""
+    head = model.get_output_embeddings()
+    captured: list[torch.Tensor] = []
+
+    def keep(hidden: torch.Tensor) -> torch.Tensor:
+        captured.append(hidden[positions])
+        return hidden.new_zeros((*positions.shape, 1))
+
+    with _head_replaced(head, keep):
+        model(**inputs)
+    return captured[0]
+
+
 def chunked_logprobs(
     hidden: torch.Tensor,
     weight: torch.Tensor,

@@ -8,6 +8,7 @@ the clipped surrogate (optionally with KL to a frozen reference), and one optimi
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 import warnings
@@ -36,8 +37,9 @@ from lit_agentrl.training.batching import (
     prepare_samples,
     split_mini_batches,
 )
+from lit_agentrl.training.critic import ValueHead, fit_critic, turn_starts
 from lit_agentrl.training.loading import fully_shard_layers, load_pretrained, materialize_sharded
-from lit_agentrl.training.logprobs import check_chunked_head, model_token_logprobs
+from lit_agentrl.training.logprobs import check_chunked_head, model_hidden_states, model_token_logprobs
 from lit_agentrl.training.lora import adapters_disabled, add_adapters
 from lit_agentrl.training.losses import LossScale, TokenLogProbs
 from lit_agentrl.training.lr_schedule import lr_factor
@@ -94,6 +96,10 @@ class GRPOModule(L.LightningModule):
         self.model: PreTrainedModel | None = None
         self.reference: PreTrainedModel | None = None
         self.skipped_steps = 0
+        self.critic: ValueHead | None = None  # gae's, made with the policy in configure_model
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        self._critic_features: torch.Tensor | None = None
+        self._critic_seconds = 0.0
         self.val_accuracy = MeanMetric()
         self.val_reward = MeanMetric()
 
@@ -134,6 +140,9 @@ class GRPOModule(L.LightningModule):
         if self.compute.sequence_packing:
             check_packing_support(self.model, tolerance)
         check_chunked_head(self.model, self.compute.logprob_chunk_tokens, tolerance)
+        if self.loss.advantage == "gae":
+            self.critic = ValueHead(self.model.config.get_text_config().hidden_size).to(self.device)
+            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.loss.critic_lr)
 
     def _prepare(self, models: list[PreTrainedModel]) -> None:
         if self.compute.gradient_checkpointing:
@@ -188,9 +197,12 @@ class GRPOModule(L.LightningModule):
             gamma=self.loss.discount,
             step_weight=self.loss.omega,
             step_groups=self.loss.step_groups,
+            lam=self.loss.lam,
             vision=vision_settings(self.policy),
-            pool=self._episode_pool() if self.loss.step_groups == "batch" else None,
+            pool=self._episode_pool() if self.loss.step_groups == "batch" or self.critic is not None else None,
+            turn_values=self._turn_values if self.critic is not None else None,
         )
+        critic_stats = self._fit_critic(prepared.value_targets) if self.critic is not None else {}
         stats: dict[str, list[float]] = {}
         if self.loss.old_logprobs == "trainer" and not self.old_logprobs_from_update:
             stats["time/old_logprobs_s"] = [self.recompute_old_logprobs(prepared.samples, temperature)]
@@ -201,7 +213,7 @@ class GRPOModule(L.LightningModule):
         logged = {key: _combine(key, v) for key, v in stats.items()}
         maxima = {key: logged.pop(key) for key in list(logged) if key.endswith("_max")}
         logged["train/filtered_groups"] = float(prepared.num_flat_groups)
-        logged |= prepared.turn_metrics
+        logged |= prepared.turn_metrics | critic_stats
         logged["train/skipped_steps"] = float(self.skipped_steps)
         logged["train/lr"] = float(self._optimizer_and_scheduler()[1].get_last_lr()[0])
         self.log_dict(logged, on_step=True, sync_dist=True, batch_size=max(1, len(prepared.samples)))
@@ -293,6 +305,55 @@ class GRPOModule(L.LightningModule):
             for k, sample in enumerate(s for row in rows for s in row):
                 sample.old_logprobs = logprobs[index == k].tolist()
         return self._clock() - start
+
+    @torch.no_grad()
+    def _turn_values(self, samples: list[TrainingSample]) -> list[list[float]]:
+        """The critic's V of each model turn of each sample (before this step's update), from the policy's hidden
+        state at the position predicting the turn's first token; keeps those states for :meth:`_fit_critic`."""
+        assert self.critic is not None
+        start = self._clock()
+        plans = plan_micro_batches(samples, self.compute.micro_batch_tokens, self.compute.sequence_packing)
+        features = [torch.zeros(0, self.critic.hidden_size, device=self.device) for _ in samples]
+        for i in range(self._max_across_ranks(len(plans))):  # every rank joins as many forwards as the busiest
+            if i >= len(plans):
+                self._dummy_loss()
+                continue
+            order = [j for row in plans[i] for j in row]
+            micro = collate(
+                [[samples[j] for j in row] for row in plans[i]],
+                self._pad_id(),
+                self.device,
+                vision_settings(self.policy),
+            )
+            starts = torch.zeros_like(micro.sequence_index, dtype=torch.bool)
+            for k, j in enumerate(order):
+                picked = (micro.sequence_index == k).nonzero()[turn_starts(samples[j].loss_mask)]
+                starts[picked[:, 0], picked[:, 1]] = True
+            hidden = model_hidden_states(self.policy, micro.model_inputs(), starts).float()
+            owners = micro.sequence_index[starts]
+            for k, j in enumerate(order):
+                features[j] = hidden[owners == k]
+        self._critic_features = torch.cat([torch.zeros(0, self.critic.hidden_size, device=self.device), *features])
+        values = self.critic(self._critic_features).tolist()
+        self._critic_seconds = self._clock() - start
+        counts = [len(f) for f in features]
+        return [values[end - n : end] for n, end in zip(counts, itertools.accumulate(counts))]
+
+    def _fit_critic(self, targets: list[list[float]]) -> dict[str, float]:
+        """Regress the critic on this step's lambda-returns from the states :meth:`_turn_values` kept (none kept:
+        no trajectory of this step succeeded, on one process)."""
+        assert self.critic is not None and self.critic_optimizer is not None
+        if self._critic_features is None:
+            return {}
+        start = self._clock()
+        flat = torch.tensor([g for turns in targets for g in turns], dtype=torch.float32, device=self.device)
+        group = None
+        if self.device_mesh is not None and dist.is_initialized():
+            group = self.device_mesh["data_parallel"].get_group()
+        with torch.enable_grad():
+            stats = fit_critic(self.critic, self.critic_optimizer, self._critic_features, flat, group)
+        self._critic_features = None
+        return stats | {"time/critic_s": self._critic_seconds + self._clock() - start}
 
     def _micro_loss(
         self, micro: MicroBatch, scale: LossScale, temperature: float
@@ -446,9 +507,13 @@ class GRPOModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grpo_skipped_steps"] = self.skipped_steps
+        if self.critic_optimizer is not None:  # the critic's weights are in the state dict; its AdamW is not
+            checkpoint["critic_optimizer"] = self.critic_optimizer.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get("grpo_skipped_steps", 0))
+        if self.critic_optimizer is not None and "critic_optimizer" in checkpoint:
+            self.critic_optimizer.load_state_dict(checkpoint["critic_optimizer"])
 
 
 def _combine(key: str, values: list[float]) -> float:

@@ -8,7 +8,14 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from lit_agentrl.training.advantage_estimators import ESTIMATORS, AdvantageParams, Episode, Turn, step_group_sizes
+from lit_agentrl.training.advantage_estimators import (
+    ESTIMATORS,
+    AdvantageParams,
+    Episode,
+    Turn,
+    lambda_returns,
+    step_group_sizes,
+)
 from lit_agentrl.turns import context_images, turn_anchor, turn_spans
 from lit_agentrl.types import Trajectory
 
@@ -33,6 +40,8 @@ class TurnAdvantages:
     """Prompt groups whose every turn has advantage 0 (no gradient)."""
     metrics: dict[str, float]
     """The step groups and, per turn index, the advantages' spread and the turn rewards' mean (:func:`turn_metrics`)."""
+    value_targets: list[list[float]]
+    """``gae``: each trajectory's lambda-return per model turn, what its critic regresses on; [] otherwise."""
 
 
 def turn_advantages(
@@ -42,6 +51,7 @@ def turn_advantages(
     params: AdvantageParams,
     vision: tuple[int, int] | None = None,
     pool: EpisodePool | None = None,
+    values: Sequence[Sequence[float]] | None = None,
 ) -> TurnAdvantages:
     """The advantages of ``estimator`` (a name of ``ESTIMATORS``) for trajectories scored ``outcomes`` (their rewards,
     turn rewards and overlong penalty included), each turn's context the exact token prefix before it and the images
@@ -49,7 +59,8 @@ def turn_advantages(
 
     With ``step_groups: batch`` and a ``pool`` (several data-parallel ranks), the step groups are formed over every
     rank's episodes, so the advantages and step-group metrics are those of the whole step's batch, whatever the number
-    of ranks it is split over."""
+    of ranks it is split over; ``gae`` whitens over every rank's turns the same way. ``values``: the critic's V of
+    each trajectory's turns, in order (``gae``)."""
     with_images = sorted({t.agent_name for t in trajectories if t.multi_modal_inputs})
     if with_images and vision is None:
         raise ValueError(
@@ -57,15 +68,25 @@ def turn_advantages(
             "is its tokens and its images, whose placeholders say nothing of their pixels"
         )
     spans = [turn_spans(t.loss_mask, len(t.prompt_ids)) for t in trajectories]
-    episodes = [_episode(t, turns, outcome, vision) for t, turns, outcome in zip(trajectories, spans, outcomes)]
-    batch, own = _pooled(episodes, pool) if pool and params.step_groups == "batch" else (episodes, slice(None))
+    if estimator == "gae" and values is None:
+        raise ValueError("model.loss.advantage: gae needs the critic's values of every turn")
+    values = values if values is not None else [[0.0] * len(turns) for turns in spans]
+    episodes = [
+        _episode(t, turns, outcome, vision, v) for t, turns, outcome, v in zip(trajectories, spans, outcomes, values)
+    ]
+    pooled = pool is not None and (params.step_groups == "batch" or estimator == "gae")
+    batch, own = _pooled(episodes, pool) if pool is not None and pooled else (episodes, slice(None))
     batch_per_turn = ESTIMATORS[estimator](batch, params)
     per_turn = batch_per_turn[own]
     per_token = [
         _on_tokens(len(t.all_token_ids), turns, values) for t, turns, values in zip(trajectories, spans, per_turn)
     ]
     metrics = turn_metrics(step_group_sizes(batch, params.step_groups), batch, batch_per_turn)
-    return TurnAdvantages(per_token, per_turn, _flat_groups(episodes, per_turn), metrics)
+    targets = [
+        lambda_returns(e.rewards, [turn.value for turn in e.turns], params.gamma, params.lam)
+        for e in (episodes if estimator == "gae" else [])
+    ]
+    return TurnAdvantages(per_token, per_turn, _flat_groups(episodes, per_turn), metrics, targets)
 
 
 def _pooled(episodes: list[Episode], pool: EpisodePool) -> tuple[list[Episode], slice]:
@@ -97,10 +118,13 @@ def turn_metrics(
     return metrics
 
 
-def _episode(t: Trajectory, spans: list[tuple[int, int]], reward: float, vision: tuple[int, int] | None) -> Episode:
-    """``t`` as its turns: each turn's context and own reward; the outcome is what its reward holds beyond them."""
+def _episode(
+    t: Trajectory, spans: list[tuple[int, int]], reward: float, vision: tuple[int, int] | None, values: Sequence[float]
+) -> Episode:
+    """``t`` as its turns: each turn's context, own reward and value; the outcome is what its reward holds beyond
+    them."""
     own = t.turn_rewards or [0.0] * len(spans)
-    turns = tuple(Turn(_anchor(t, start, vision), r) for (start, _), r in zip(spans, own, strict=True))
+    turns = tuple(Turn(_anchor(t, start, vision), r, v) for (start, _), r, v in zip(spans, own, values, strict=True))
     return Episode(t.group, turns, reward - sum(own))
 
 

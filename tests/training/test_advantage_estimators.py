@@ -19,8 +19,10 @@ from lit_agentrl.training.advantage_estimators import (
     Episode,
     Turn,
     discounted_returns,
+    gae,
     gigpo,
     grpo,
+    lambda_returns,
     step_group_sizes,
     turn_returns,
 )
@@ -42,9 +44,13 @@ def close(actual: list[list[float]], expected: list[list[float]], rel: float = 1
 
 
 def params(
-    std: str = "none", gamma: float = 0.5, step_weight: float = 1.0, step_groups: str = "group"
+    std: str = "none", gamma: float = 0.5, step_weight: float = 1.0, step_groups: str = "group", lam: float = 1.0
 ) -> AdvantageParams:
-    return AdvantageParams(std=std, gamma=gamma, step_weight=step_weight, step_groups=step_groups)
+    return AdvantageParams(std=std, gamma=gamma, step_weight=step_weight, step_groups=step_groups, lam=lam)
+
+
+GROUP_RELATIVE = {name: f for name, f in ESTIMATORS.items() if name != "gae"}
+"""The estimators that compare a turn with the other trajectories of its group (gae compares it with its critic)."""
 
 
 # Group 0: every first turn has the prompt's context P. E1 and E2 both answered X at turn 2 from the same context
@@ -169,7 +175,7 @@ def test_std_modes_divide_by_the_sets_std():
 def test_a_singleton_group_gets_zero_advantage_everywhere():
     # Every set holds one value: each advantage is that value minus itself.
     alone = [episode(3, "PXY", 1.0, [0.5, 0.0, 0.25])]
-    for name, estimator in ESTIMATORS.items():
+    for name, estimator in GROUP_RELATIVE.items():
         for std in ("sample", "population", "none"):
             assert estimator(alone, params(std=std)) == [[0.0, 0.0, 0.0]], (name, std)
 
@@ -213,6 +219,48 @@ def test_on_single_turn_tasks_turn_returns_is_grpo_and_gigpo_is_one_plus_omega_g
     assert close(gigpo(SINGLE_TURN, params(std, gamma, step_weight=0.3)), [[1.3 * a] for [a] in expected])
 
 
+def valued(group: int, outcome: float, values: list[float], rewards: list[float] | None = None) -> Episode:
+    """An episode whose turns the critic valued ``values`` (anchors do not matter to gae)."""
+    rewards = rewards or [0.0] * len(values)
+    return Episode(group, tuple(Turn(str(t), r, v) for t, (r, v) in enumerate(zip(rewards, values))), outcome)
+
+
+def test_lambda_returns_by_hand():
+    # Rewards [0, 0, 1], values [0.2, 0.4, 0.5], gamma 1, lambda 0.5, backwards from G_4 = V_4 = 0:
+    # G_3 = 1; G_2 = 0 + (0.5 * 0.5 + 0.5 * 1) = 0.75; G_1 = 0 + (0.5 * 0.4 + 0.5 * 0.75) = 0.575.
+    assert lambda_returns([0.0, 0.0, 1.0], [0.2, 0.4, 0.5], 1.0, 0.5) == pytest.approx([0.575, 0.75, 1.0])
+    # The same as GAE's sum of TD residuals: delta = [0.4 - 0.2, 0.5 - 0.4, 1 - 0.5] = [0.2, 0.1, 0.5];
+    # A_3 = 0.5, A_2 = 0.1 + 0.5 * 0.5 = 0.35, A_1 = 0.2 + 0.5 * 0.35 = 0.375 = G - V.
+    # lambda 1: the discounted return whatever V; lambda 0: r_t + gamma V_{t+1}.
+    assert lambda_returns([0.0, 0.5, 1.0], [9.0, 9.0, 9.0], 0.5, 1.0) == discounted_returns([0.0, 0.5, 1.0], 0.5)
+    assert lambda_returns([0.0, 0.5, 1.0], [0.2, 0.4, 0.5], 0.5, 0.0) == [0.0 + 0.5 * 0.4, 0.5 + 0.5 * 0.5, 1.0]
+
+
+def test_gae_by_hand_whitened_over_the_batch():
+    # E1: outcome 1 after three turns valued [0.2, 0.4, 0.5]: A = G - V = [0.375, 0.35, 0.5] (above, lambda 0.5);
+    # E2: one turn valued 0.3, outcome 0: A = -0.3. std none: centred on the mean of all four turns, 0.23125.
+    batch = [valued(0, 1.0, [0.2, 0.4, 0.5]), valued(1, 0.0, [0.3])]
+    expected = [[0.14375, 0.11875, 0.26875], [-0.53125]]
+    assert close(gae(batch, params(gamma=1.0, lam=0.5)), expected)
+    # A group of one gets the critic's comparison, not 0: gae is not group-relative.
+    assert close(gae(batch[1:], params(gamma=1.0, lam=0.5)), [[0.0]])
+    assert close(
+        gae(batch[:1], params(gamma=1.0, lam=0.5)), [[0.375 - 0.40833333, 0.35 - 0.40833333, 0.5 - 0.40833333]]
+    )
+    # sample std: divided by the std of the four raw advantages (+ 1e-6).
+    raw = torch.tensor([0.375, 0.35, 0.5, -0.3], dtype=torch.float64)
+    unit = ((raw - raw.mean()) / (raw.std() + 1e-6)).tolist()
+    assert close(gae(batch, params("sample", gamma=1.0, lam=0.5)), [unit[:3], unit[3:]])
+
+
+def test_gae_with_a_turn_reward_and_lambda_zero_credits_each_turn_by_its_successors_value():
+    # Turn rewards [0.5, 0] and outcome 1: rewards [0.5, 1]; values [0.25, 0.75]; gamma 0.5, lambda 0:
+    # A_1 = 0.5 + 0.5 * 0.75 - 0.25 = 0.625; A_2 = 1 - 0.75 = 0.25. A second episode with A = [0.0] centres them.
+    batch = [valued(0, 1.0, [0.25, 0.75], [0.5, 0.0]), valued(0, 0.5, [0.5])]
+    mean = (0.625 + 0.25 + 0.0) / 3
+    assert close(gae(batch, params(gamma=0.5, lam=0.0)), [[0.625 - mean, 0.25 - mean], [0.0 - mean]])
+
+
 def test_first_turns_of_outcome_only_games_get_grpos_advantage_from_turn_returns():
     # gamma 1 and no turn rewards: R_1 = outcome for every trajectory, and index 1 holds the whole group.
     games = [episode(0, "PAB", 1.0), episode(0, "PC", 0.0), episode(0, "P", 1.0), episode(0, "PDE", 0.0)]
@@ -221,7 +269,7 @@ def test_first_turns_of_outcome_only_games_get_grpos_advantage_from_turn_returns
 
 
 def test_registry_and_empty_batch():
-    assert set(ESTIMATORS) == {"grpo", "gigpo", "turn_returns"}
+    assert set(ESTIMATORS) == {"grpo", "gigpo", "turn_returns", "gae"}
     for estimator in ESTIMATORS.values():
         assert estimator([], params()) == []
 
@@ -235,6 +283,7 @@ def test_registry_and_empty_batch():
         ({"std": "none", "gamma": 1.0, "step_weight": -1.0}, "step_weight"),
         ({"std": "none", "gamma": 1.0, "step_weight": math.inf}, "step_weight"),
         ({"std": "none", "gamma": 1.0, "step_weight": 1.0, "step_groups": "prompt"}, "step_groups must be one of"),
+        ({"std": "none", "gamma": 1.0, "step_weight": 1.0, "lam": 1.5}, "GAE's lambda"),
     ],
 )
 def test_bad_params_are_refused(kwargs, message):
@@ -249,6 +298,8 @@ def test_bad_episodes_are_refused():
         episode(0, "PX", 1.0, [0.0, math.nan])
     with pytest.raises(ValueError, match="outcome"):
         episode(0, "P", math.inf)
+    with pytest.raises(ValueError, match=r"non-finite values \(its critic's\): \{'turn 0 value': nan\}"):
+        valued(0, 1.0, [math.nan])
 
 
 def test_turn_spans_on_hand_masks():
