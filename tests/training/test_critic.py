@@ -165,4 +165,7 @@ def test_two_fsdp2_ranks_train_checkpoint_and_resume_the_critic(tmp_path, quicks
     rows = [r for r in read_csv(next((tmp_path / "logs").rglob("metrics.csv"))) if r.get("train/value_loss")]
     assert len(rows) == 2 and all(math.isfinite(float(r["train/value_loss"])) for r in rows)
     first = sorted(checkpoints.iterdir())[0]
-    fit("--ckpt_path", str(first), "--trainer.max_steps", "3")  # the critic and its AdamW come back with the run
+    # A sharded checkpoint: the critic's weights are in the model's shards (a strict load of them below), its AdamW
+    # in the metadata Lightning keeps beside them.
+    assert torch.load(first / "meta.pt", weights_only=False)["critic_optimizer"]["state"]
+    fit("--ckpt_path", str(first), "--trainer.max_steps", "3")
