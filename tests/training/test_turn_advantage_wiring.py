@@ -103,7 +103,9 @@ def test_trajectories_of_several_sequences_are_refused_by_a_turn_level_estimator
 
 def test_the_names_agree_and_bad_settings_name_their_key():
     assert tuple(ESTIMATORS) == choices.ADVANTAGES
-    with pytest.raises(ValueError, match=r"model\.loss\.advantage must be one of \['grpo', 'gigpo', 'turn_returns'\]"):
+    with pytest.raises(
+        ValueError, match=r"model\.loss\.advantage must be one of \['grpo', 'gigpo', 'turn_returns', 'gae'\]"
+    ):
         Loss(advantage="ppo")
     with pytest.raises(ValueError, match=r"model\.loss\.gamma must be in \[0, 1\]"):
         Loss(advantage="gigpo", gamma=1.5)
