@@ -422,3 +422,26 @@ def two_turns(sample: int, first: int, second: int, reward: float, group: int = 
         response_logprobs=[-0.5, 0.0, 0.0, -0.5],
         reward=reward,
     )
+
+
+@contextmanager
+def gloo_data_parallel_module(rank: int, port: int, model_dir: str, loss: Any) -> Iterator[Any]:
+    """In an ``mp.spawn`` worker of two: this rank of a gloo group, and a ``GRPOModule`` on ``model_dir`` with ``loss``
+    and the two-rank data-parallel mesh ``ModelParallelStrategy`` would give it (its model not loaded). Both ranks
+    meet at a barrier before the group is closed, so neither leaves while the other still talks to it."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from lit_agentrl.training.module import GRPOModule
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    try:
+        module = GRPOModule(model_dir, loss=loss)
+        module._device_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
+        yield module
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -3,20 +3,17 @@ critic's replicas take the step one critic takes over all the turns (two gloo pr
 
 from __future__ import annotations
 
-import os
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from support import free_port, two_turns
+from support import free_port, gloo_data_parallel_module, two_turns
 
 from lit_agentrl.config.training import Loss
 from lit_agentrl.training.batching import TrainingSample, prepare_samples
 from lit_agentrl.training.critic import ValueHead, fit_critic
-from lit_agentrl.training.module import GRPOModule
 
 pytestmark = pytest.mark.slow  # starts two processes
 
@@ -47,22 +44,13 @@ TARGETS = torch.tensor([0.0, 1.0, 0.5, 0.25, 1.0, 0.0])
 
 
 def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        module = GRPOModule(model_dir, loss=Loss(advantage="gae"))
-        module._device_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
+    with gloo_data_parallel_module(rank, port, model_dir, Loss(advantage="gae")) as module:
         share = slice(0, 2) if rank == 0 else slice(2, 6)  # unequal shares of the critic's turns
         results = {
             "advantages": advantages([2 * rank, 2 * rank + 1], module._episode_pool()),
             "critic": critic_after_a_step(FEATURES[share], TARGETS[share], dist.group.WORLD),
         }
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def test_two_ranks_take_one_ranks_step(tiny_model_dir, tmp_path):

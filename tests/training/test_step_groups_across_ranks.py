@@ -5,20 +5,15 @@ in the gathering (the other rank does not wait on it forever)."""
 
 from __future__ import annotations
 
-import os
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
-from support import free_port, two_turns
-from torch.distributed.device_mesh import init_device_mesh
+from support import free_port, gloo_data_parallel_module, two_turns
 
 from lit_agentrl.config.training import Loss
 from lit_agentrl.training.batching import prepare_samples
-from lit_agentrl.training.module import GRPOModule
 from lit_agentrl.types import Trajectory
 
 pytestmark = pytest.mark.slow  # starts two processes
@@ -39,11 +34,7 @@ def turn_advantages(games: list[Trajectory], pool=None) -> tuple[list[list[float
 
 
 def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-    try:
-        module = GRPOModule(model_dir, loss=Loss(advantage="gigpo", step_groups="batch"))
-        module._device_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
+    with gloo_data_parallel_module(rank, port, model_dir, Loss(advantage="gigpo", step_groups="batch")) as module:
         pool = module._episode_pool()
         # Each rank numbers its own prompt groups from 0, as the rollout does.
         share = [game(2 * rank, 0), game(2 * rank + 1, 1)]
@@ -51,9 +42,6 @@ def worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
         failed = Trajectory(group=0, sample=0, agent_name="two_turns", failed=True)
         results["one rank failed"] = turn_advantages(share if rank == 0 else [failed], pool)
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def test_two_ranks_give_the_advantages_of_the_whole_batch(tiny_model_dir, tmp_path):
