@@ -105,10 +105,10 @@ class Loss:
             verl and OpenRLHF do), ``population`` (the n std, as ChatLearn does) or ``none`` (Dr. GRPO).
         advantage: the estimator, per model turn (the configuration page gives each formula): ``grpo`` (every turn
             its trajectory's group-normalised reward), ``gigpo`` (GiGPO: plus ``step_weight`` times a step
-            advantage among the group's turns generated from the same context) or ``turn_returns`` (each turn's
-            discounted reward-to-go, baselined per turn index).
-        gamma: the discount per turn of ``gigpo`` and ``turn_returns``; unset, each one's own (``gigpo`` the paper's
-            0.95, ``turn_returns`` 1.0: :data:`~lit_agentrl.config.choices.DEFAULT_GAMMAS`).
+            advantage among the group's turns generated from the same context), ``turn_returns`` (each turn's
+            discounted reward-to-go, baselined per turn index) or ``gae`` (GAE over turns with a learned critic).
+        gamma: the discount per turn of ``gigpo``, ``turn_returns`` and ``gae``; unset, each one's own (``gigpo`` the
+            paper's 0.95, the others 1.0: :data:`~lit_agentrl.config.choices.DEFAULT_GAMMAS`).
         step_weight: GiGPO's omega, the weight of its step advantage; unset, the paper's 1.0.
         gae_lambda: GAE's lambda for ``gae`` (unset: 0.95, the PPO paper's); 1 uses the critic as a baseline only,
             lower values bootstrap from it.
@@ -175,9 +175,9 @@ class Loss:
                 (self.omega >= 0, f"model.loss.step_weight must be >= 0, got {self.step_weight}"),
                 (
                     self.gamma is None or self.advantage != "grpo",
-                    f"model.loss.gamma: {self.gamma} discounts the turn returns of gigpo and turn_returns, and "
+                    f"model.loss.gamma: {self.gamma} discounts the turn returns of gigpo, turn_returns and gae, and "
                     "model.loss.advantage is grpo, which credits every turn with the undiscounted trajectory reward: "
-                    "set advantage: gigpo or turn_returns, or drop gamma",
+                    "set advantage: gigpo, turn_returns or gae, or drop gamma",
                 ),
                 (
                     self.step_weight is None or self.advantage == "gigpo",
