@@ -22,8 +22,9 @@ the prompt's trajectories generated from the same context; ``turn_returns``: eac
 baselined per turn index; ``gae``: generalised advantage estimation over turns with a learned critic."""
 
 DEFAULT_GAMMAS = {"gigpo": 0.95, "turn_returns": 1.0, "gae": 1.0}
-"""The discount per turn an estimator uses when ``model.loss.gamma`` is left unset: the 0.95 of GiGPO's paper (Feng et al.
-2025), and undiscounted reward-to-go for ``turn_returns``. An estimator not named here has no discount."""
+"""The discount per turn an estimator uses when ``model.loss.gamma`` is left unset: the 0.95 of GiGPO's paper (Feng
+et al. 2025), and undiscounted returns for ``turn_returns`` and ``gae``. An estimator not named here has no
+discount."""
 
 STEP_GROUPS = ("group", "batch")
 """``model.loss.step_groups``: where ``gigpo`` looks for a turn's step partners (turns generated from the identical

@@ -135,8 +135,9 @@ def gigpo(episodes: Sequence[Episode], params: AdvantageParams) -> list[list[flo
     - Combined (Eq. 8): A(a_t^(i)) = A^E(tau_i) + omega * A^S(a_t^(i)).
 
     F_norm is the std named by ``std`` (the paper's std, or 1: ``none``), at both levels. The paper's defaults,
-    omega = 1 and gamma = 0.95, are the config's when ``step_weight`` and ``gamma`` are unset. Every first turn shares its group's prompt as context, so the first turns form one step
-    group: on a single-turn task (gamma^0 = 1, R_1 = R(tau)) A^S = A^E, and gigpo gives (1 + omega) * grpo.
+    omega = 1 and gamma = 0.95, are the config's when ``step_weight`` and ``gamma`` are unset. Every first turn
+    shares its group's prompt as context, so the first turns form one step group: on a single-turn task
+    (gamma^0 = 1, R_1 = R(tau)) A^S = A^E, and gigpo gives (1 + omega) * grpo.
 
     ``step_groups: batch`` widens G^S(s) to the turns with context s in any group of the batch (the paper keeps to
     one group, whose trajectories start from one environment state). Where rows share a prompt and differ only in
@@ -188,13 +189,7 @@ def gae(episodes: Sequence[Episode], params: AdvantageParams) -> list[list[float
     only (the return minus V); lambda < 1 bootstraps: a turn is credited with what V says its successor context is
     worth instead of the later turns' luck. On a single-turn task A = r - V(prompt), whitened: not ``grpo``.
     """
-    raw = [
-        [
-            g - t.value
-            for g, t in zip(lambda_returns(e.rewards, [t.value for t in e.turns], params.gamma, params.lam), e.turns)
-        ]
-        for e in episodes
-    ]
+    raw = [[g - t.value for g, t in zip(episode_lambda_returns(e, params), e.turns)] for e in episodes]
     return _per_turn(raw, [[0] * len(e.turns) for e in episodes], params.std)
 
 
@@ -222,6 +217,12 @@ def lambda_returns(rewards: Sequence[float], values: Sequence[float], gamma: flo
         later_value = value
         returns.append(later_return)
     return returns[::-1]
+
+
+def episode_lambda_returns(episode: Episode, params: AdvantageParams) -> list[float]:
+    """:func:`lambda_returns` of an episode's rewards and its turns' values: ``gae``'s G^lambda, also the critic's
+    targets."""
+    return lambda_returns(episode.rewards, [t.value for t in episode.turns], params.gamma, params.lam)
 
 
 def group_normalised(values: Sequence[float], keys: Sequence[Hashable], std: str) -> list[float]:

@@ -78,9 +78,9 @@ def prepare_samples(
     get (see :class:`Overlong`; default: trained as they are). Every token sequence of a trajectory becomes a
     sample; ``sequence_rewards`` (:data:`SEQUENCE_REWARDS`) says how a trajectory of several sequences is scored.
     ``advantage`` other than ``grpo`` gives each model turn its own advantage (:mod:`turn_advantages`, with the
-    discount ``gamma`` and GiGPO's ``step_weight`` and ``step_groups``), for trajectories of one token sequence; a turn's
-    context is its tokens and, with ``vision`` (the policy's ``(image_token_id, spatial_merge_size)``), its images;
-    ``pool`` gathers the other data-parallel ranks' turns, for step groups over the whole batch. ``gae`` takes its
+    discount ``gamma``, GiGPO's ``step_weight`` and ``step_groups`` and GAE's ``lam``), for trajectories of one token
+    sequence; a turn's context is its tokens and, with ``vision`` (the policy's ``(image_token_id,
+    spatial_merge_size)``), its images; ``pool`` gathers the other data-parallel ranks' turns, for step groups over the whole batch. ``gae`` takes its
     critic's values from ``turn_values``, given every successful trajectory's sample.
     """
     if sequence_rewards not in SEQUENCE_REWARDS:
@@ -155,10 +155,8 @@ def _turn_level_samples(
             f"model.loss.advantage: {advantage} to credit: use model.loss.advantage: grpo with such agents"
         )
     outcomes = [t.reward + overlong.penalty(t.num_generated_tokens) for t in ok]
-    values = None
-    if advantage == "gae":
-        if turn_values is None:
-            raise ValueError("model.loss.advantage: gae needs its critic's values (turn_values)")
+    values = None  # without them, gae is refused by turn_advantages
+    if advantage == "gae" and turn_values is not None:
         values = turn_values([_shift(t.sequences[0], 0.0, t.multi_modal_inputs) for t in ok])
     result = turn_advantages(ok, outcomes, advantage, params, vision, pool, values)
     samples = []

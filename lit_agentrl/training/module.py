@@ -293,18 +293,26 @@ class GRPOModule(L.LightningModule):
         """Replace every sample's ``old_logprobs`` with the policy's own, before any update of this step (the
         same micro-batches and packing as the update, so on-policy ratios start at exactly 1); returns seconds."""
         start = self._clock()
+        for order, micro in self._no_grad_micro_batches(samples):
+            logprobs = self._token_logprobs(self.policy, micro, temperature, with_entropy=False).logprobs.float().cpu()
+            index = micro.sequence_index.cpu()
+            for k, j in enumerate(order):
+                samples[j].old_logprobs = logprobs[index == k].tolist()
+        return self._clock() - start
+
+    def _no_grad_micro_batches(self, samples: list[TrainingSample]) -> Iterator[tuple[list[int], MicroBatch]]:
+        """The update's micro-batches of ``samples`` (same plan and packing), each with the sample indices of its
+        sequences in order, for a forward without gradients; every rank joins as many forwards as the busiest (a
+        rank out of work runs the dummy pass, FSDP's collectives)."""
         plans = plan_micro_batches(samples, self.compute.micro_batch_tokens, self.compute.sequence_packing)
-        for i in range(self._max_across_ranks(len(plans))):  # every rank joins as many forwards as the busiest
+        for i in range(self._max_across_ranks(len(plans))):
             if i >= len(plans):
-                self._dummy_loss()
+                with torch.no_grad():
+                    self._dummy_loss()
                 continue
             rows = [[samples[j] for j in row] for row in plans[i]]
             micro = collate(rows, self._pad_id(), self.device, vision_settings(self.policy))
-            logprobs = self._token_logprobs(self.policy, micro, temperature, with_entropy=False).logprobs.float().cpu()
-            index = micro.sequence_index.cpu()
-            for k, sample in enumerate(s for row in rows for s in row):
-                sample.old_logprobs = logprobs[index == k].tolist()
-        return self._clock() - start
+            yield [j for row in plans[i] for j in row], micro
 
     @torch.no_grad()
     def _turn_values(self, samples: list[TrainingSample]) -> list[list[float]]:
@@ -312,19 +320,9 @@ class GRPOModule(L.LightningModule):
         state at the position predicting the turn's first token; keeps those states for :meth:`_fit_critic`."""
         assert self.critic is not None
         start = self._clock()
-        plans = plan_micro_batches(samples, self.compute.micro_batch_tokens, self.compute.sequence_packing)
-        features = [torch.zeros(0, self.critic.hidden_size, device=self.device) for _ in samples]
-        for i in range(self._max_across_ranks(len(plans))):  # every rank joins as many forwards as the busiest
-            if i >= len(plans):
-                self._dummy_loss()
-                continue
-            order = [j for row in plans[i] for j in row]
-            micro = collate(
-                [[samples[j] for j in row] for row in plans[i]],
-                self._pad_id(),
-                self.device,
-                vision_settings(self.policy),
-            )
+        empty = torch.zeros(0, self.critic.hidden_size, device=self.device)
+        features = [empty] * len(samples)
+        for order, micro in self._no_grad_micro_batches(samples):
             starts = torch.zeros_like(micro.sequence_index, dtype=torch.bool)
             for k, j in enumerate(order):
                 picked = (micro.sequence_index == k).nonzero()[turn_starts(samples[j].loss_mask)]
@@ -333,7 +331,7 @@ class GRPOModule(L.LightningModule):
             owners = micro.sequence_index[starts]
             for k, j in enumerate(order):
                 features[j] = hidden[owners == k]
-        self._critic_features = torch.cat([torch.zeros(0, self.critic.hidden_size, device=self.device), *features])
+        self._critic_features = torch.cat([empty, *features])  # ``empty`` first: a rank with no samples has none
         values = self.critic(self._critic_features).tolist()
         self._critic_seconds = self._clock() - start
         counts = [len(f) for f in features]
@@ -347,11 +345,10 @@ class GRPOModule(L.LightningModule):
             return {}
         start = self._clock()
         flat = torch.tensor([g for turns in targets for g in turns], dtype=torch.float32, device=self.device)
-        group = None
-        if self.device_mesh is not None and dist.is_initialized():
-            group = self.device_mesh["data_parallel"].get_group()
         with torch.enable_grad():
-            stats = fit_critic(self.critic, self.critic_optimizer, self._critic_features, flat, group)
+            stats = fit_critic(
+                self.critic, self.critic_optimizer, self._critic_features, flat, self._data_parallel_group()
+            )
         self._critic_features = None
         return stats | {"time/critic_s": self._critic_seconds + self._clock() - start}
 
@@ -419,10 +416,9 @@ class GRPOModule(L.LightningModule):
         sequence) count over the number of ranks: the average is then the global batch's loss, however unequally
         the ranks' shares are sized. One process: the mini-batch's own counts.
         """
-        mesh = self.device_mesh
-        if mesh is None or not dist.is_initialized():
+        group = self._data_parallel_group()
+        if group is None:
             return loss_scale(samples, self.loss.scale_length)
-        group = mesh["data_parallel"].get_group()
         ranks = dist.get_world_size(group)
         counts = torch.tensor([sum(sum(s.loss_mask) for s in samples), len(samples)], dtype=torch.float64)
         counts = counts.to(self.device)
@@ -430,13 +426,16 @@ class GRPOModule(L.LightningModule):
         tokens, sequences = (max(float(c), 1.0) / ranks for c in counts.tolist())
         return LossScale(tokens=tokens, sequences=sequences, norm_length=self.loss.scale_length)
 
+    def _data_parallel_group(self) -> dist.ProcessGroup | None:
+        """The policy mesh's data-parallel process group; None without a mesh or a process group."""
+        if self.device_mesh is None or not dist.is_initialized():
+            return None
+        return self.device_mesh["data_parallel"].get_group()
+
     def _episode_pool(self) -> EpisodePool | None:
         """Gathers the data-parallel ranks' episodes, so step groups span the whole batch; None on one rank."""
-        mesh = self.device_mesh
-        if mesh is None or not dist.is_initialized():
-            return None
-        group = mesh["data_parallel"].get_group()
-        ranks = dist.get_world_size(group)
+        group = self._data_parallel_group()
+        ranks = dist.get_world_size(group) if group is not None else 1
         if ranks == 1:
             return None
 

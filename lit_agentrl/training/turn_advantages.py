@@ -13,7 +13,7 @@ from lit_agentrl.training.advantage_estimators import (
     AdvantageParams,
     Episode,
     Turn,
-    lambda_returns,
+    episode_lambda_returns,
     step_group_sizes,
 )
 from lit_agentrl.turns import context_images, turn_anchor, turn_spans
@@ -69,23 +69,20 @@ def turn_advantages(
         )
     spans = [turn_spans(t.loss_mask, len(t.prompt_ids)) for t in trajectories]
     if estimator == "gae" and values is None:
-        raise ValueError("model.loss.advantage: gae needs the critic's values of every turn")
+        raise ValueError("model.loss.advantage: gae needs its critic's values of every turn")
     values = values if values is not None else [[0.0] * len(turns) for turns in spans]
     episodes = [
         _episode(t, turns, outcome, vision, v) for t, turns, outcome, v in zip(trajectories, spans, outcomes, values)
     ]
     pooled = pool is not None and (params.step_groups == "batch" or estimator == "gae")
-    batch, own = _pooled(episodes, pool) if pool is not None and pooled else (episodes, slice(None))
+    batch, own = _pooled(episodes, pool) if pooled and pool is not None else (episodes, slice(None))
     batch_per_turn = ESTIMATORS[estimator](batch, params)
     per_turn = batch_per_turn[own]
     per_token = [
         _on_tokens(len(t.all_token_ids), turns, values) for t, turns, values in zip(trajectories, spans, per_turn)
     ]
     metrics = turn_metrics(step_group_sizes(batch, params.step_groups), batch, batch_per_turn)
-    targets = [
-        lambda_returns(e.rewards, [turn.value for turn in e.turns], params.gamma, params.lam)
-        for e in (episodes if estimator == "gae" else [])
-    ]
+    targets = [episode_lambda_returns(e, params) for e in episodes] if estimator == "gae" else []
     return TurnAdvantages(per_token, per_turn, _flat_groups(episodes, per_turn), metrics, targets)
 
 
