@@ -10,11 +10,15 @@ data-parallel ranks each holds a replica and their gradients are summed, so ever
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from transformers import PreTrainedModel
+
+from lit_agentrl.training.batching import MicroBatch
+from lit_agentrl.training.logprobs import model_hidden_states
 
 CRITIC_WIDTH = 256
 """The MLP's hidden width (at most the policy's hidden size)."""
@@ -43,6 +47,29 @@ def turn_starts(loss_mask: Sequence[int]) -> list[int]:
     """The positions of a shifted sample (position j predicts target j) that predict each model turn's first token:
     where a run of trained targets begins."""
     return [j for j, trained in enumerate(loss_mask) if trained and (j == 0 or not loss_mask[j - 1])]
+
+
+@torch.no_grad()
+def turn_start_states(
+    policy: PreTrainedModel,
+    micro_batches: Iterable[tuple[list[int], MicroBatch]],
+    loss_masks: Sequence[Sequence[int]],
+    empty: torch.Tensor,
+) -> list[torch.Tensor]:
+    """Per sample, [turns, H]: the policy's final hidden state at each position predicting one of its model turns'
+    first token. ``micro_batches``: (the sample indices of its sequences, the micro-batch); ``loss_masks``: each
+    sample's; a sample in no micro-batch gets ``empty`` ([0, H])."""
+    states = [empty] * len(loss_masks)
+    for order, micro in micro_batches:
+        starts = torch.zeros_like(micro.sequence_index, dtype=torch.bool)
+        for k, j in enumerate(order):
+            picked = (micro.sequence_index == k).nonzero()[turn_starts(loss_masks[j])]
+            starts[picked[:, 0], picked[:, 1]] = True
+        hidden = model_hidden_states(policy, micro.model_inputs(), starts).float()
+        owners = micro.sequence_index[starts]
+        for k, j in enumerate(order):
+            states[j] = hidden[owners == k]
+    return states
 
 
 def fit_critic(

@@ -37,9 +37,9 @@ from lit_agentrl.training.batching import (
     prepare_samples,
     split_mini_batches,
 )
-from lit_agentrl.training.critic import ValueHead, fit_critic, turn_starts
+from lit_agentrl.training.critic import ValueHead, fit_critic, turn_start_states
 from lit_agentrl.training.loading import fully_shard_layers, load_pretrained, materialize_sharded
-from lit_agentrl.training.logprobs import check_chunked_head, model_hidden_states, model_token_logprobs
+from lit_agentrl.training.logprobs import check_chunked_head, model_token_logprobs
 from lit_agentrl.training.lora import adapters_disabled, add_adapters
 from lit_agentrl.training.losses import LossScale, TokenLogProbs
 from lit_agentrl.training.lr_schedule import lr_factor
@@ -321,21 +321,13 @@ class GRPOModule(L.LightningModule):
         assert self.critic is not None
         start = self._clock()
         empty = torch.zeros(0, self.critic.hidden_size, device=self.device)
-        features = [empty] * len(samples)
-        for order, micro in self._no_grad_micro_batches(samples):
-            starts = torch.zeros_like(micro.sequence_index, dtype=torch.bool)
-            for k, j in enumerate(order):
-                picked = (micro.sequence_index == k).nonzero()[turn_starts(samples[j].loss_mask)]
-                starts[picked[:, 0], picked[:, 1]] = True
-            hidden = model_hidden_states(self.policy, micro.model_inputs(), starts).float()
-            owners = micro.sequence_index[starts]
-            for k, j in enumerate(order):
-                features[j] = hidden[owners == k]
-        self._critic_features = torch.cat([empty, *features])  # ``empty`` first: a rank with no samples has none
+        masks = [sample.loss_mask for sample in samples]
+        states = turn_start_states(self.policy, self._no_grad_micro_batches(samples), masks, empty)
+        self._critic_features = torch.cat([empty, *states])  # ``empty`` first: a rank with no samples has none
         values = self.critic(self._critic_features).tolist()
         self._critic_seconds = self._clock() - start
-        counts = [len(f) for f in features]
-        return [values[end - n : end] for n, end in zip(counts, itertools.accumulate(counts))]
+        ends = itertools.accumulate(len(s) for s in states)
+        return [values[end - len(s) : end] for s, end in zip(states, ends)]
 
     def _fit_critic(self, targets: list[list[float]]) -> dict[str, float]:
         """Regress the critic on this step's lambda-returns from the states :meth:`_turn_values` kept (none kept:
