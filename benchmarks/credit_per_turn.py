@@ -48,11 +48,13 @@ ESTIMATORS = {
     "turn_returns": ["--model.loss.advantage", "turn_returns", *PAPER_GAMMA],
     "turn_returns_gamma0": ["--model.loss.advantage", "turn_returns", "--model.loss.gamma", "0"],
     "gae": ["--model.loss.advantage", "gae", "--model.loss.gae_lambda", "0.5"],
+    "gae_lambda0": ["--model.loss.advantage", "gae", "--model.loss.gae_lambda", "0"],
 }
 """Run name -> its estimator's options: GiGPO's gamma for the turn-level ones, ``gigpo_batch`` GiGPO with step
 groups over the whole batch (every row of this game has the same prompt) and ``turn_returns_gamma0`` each turn
 credited with its own reward only (here: 1 on the turn that finds the digit, since the game ends there); ``gae`` the
-learned critic with GAE's lambda 0.5 (the best-placed setting of ``credit_simulation.py``)."""
+learned critic with GAE's lambda 0.5 and ``gae_lambda0`` with lambda 0 (each turn credited with the critic's one-step
+temporal difference: the fastest learner of ``credit_simulation.py``)."""
 GAMES_PER_STEP = 128
 """The quickstart's 16 prompts x 8 samples."""
 SERIES = ["rollout/reward_mean", "agent/guess_digit/found_turn_2", "agent/guess_digit/found_turn_3"]
