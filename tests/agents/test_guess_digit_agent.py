@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from lit_agentrl.agents.guess_digit import GuessDigitAgentGraph, feedback, game_reward, narrowing_score
+from lit_agentrl.agents.guess_digit import (
+    GuessDigitAgentGraph,
+    feedback,
+    game_reward,
+    narrowing_score,
+    turn_credits,
+)
 from lit_agentrl.rollout.manager import check_output
 from lit_agentrl.rollout.metrics import agent_metrics
 from lit_agentrl.types import Trajectory
@@ -13,8 +19,10 @@ PROMPT = [{"role": "user", "content": "guess"}]
 PARAMS = {"max_new_tokens": 2, "temperature": 1.0}
 
 
-def agent_for(engine, max_guesses: int = 3, feedback_credit: float = 0.0) -> GuessDigitAgentGraph:
-    cfg = {"max_guesses": max_guesses, "feedback_credit": feedback_credit}
+def agent_for(
+    engine, max_guesses: int = 3, feedback_credit: float = 0.0, turn_credit: bool = False
+) -> GuessDigitAgentGraph:
+    cfg = {"max_guesses": max_guesses, "feedback_credit": feedback_credit, "turn_credit": turn_credit}
     return GuessDigitAgentGraph("guess_digit", cfg, engine, engine.tokenizer)
 
 
@@ -78,7 +86,30 @@ def test_feedback_credit_adds_to_the_found_reward():
 
 async def test_the_agent_scores_with_its_feedback_credit(scripted_engine_factory):
     out = await agent_for(scripted_engine_factory(["4", "7", "5"]), feedback_credit=0.2).run(PROMPT, PARAMS, secret=6)
-    assert out.reward_score == pytest.approx(0.2 * (0.5 + 0.8))
+    assert out.reward_score == pytest.approx(0.2 * (0.5 + 0.8)) and out.turn_rewards is None
+
+
+@pytest.mark.parametrize(
+    "guesses, credit, expected",
+    [
+        # secret 6: 5 rules out 0-5 (range 6-9), 7 then 6-6; shares 0, 0.6, 0.9
+        ([5, 7, 6], 0.2, [0.0, 0.12, 0.18]),
+        # 4 leaves 5-9, 7 leaves 5-6; shares 0, 0.5, 0.8, then 5 is outside 6-6: the cap of 0.9 cuts the third turn
+        ([4, 7, 5, 5], 0.9, [0.0, 0.45, 0.45, 0.0]),
+        ([None, 3, 8], 0.5, [0.0, 0.0, 0.2]),  # no digit, then 3 leaves 4-9: 8 rules out 0.4
+    ],
+)
+def test_turn_credits_split_the_shaped_reward_by_the_turn_that_earned_it(guesses, credit, expected):
+    credits = turn_credits(guesses, 6, credit)
+    assert credits == pytest.approx(expected)
+    assert float(6 in guesses) + sum(credits) == pytest.approx(game_reward(guesses, 6, credit))
+
+
+async def test_with_turn_credit_the_agent_reports_each_turns_share_as_its_turn_reward(scripted_engine_factory):
+    agent = agent_for(scripted_engine_factory(["5", "7", "6"]), feedback_credit=0.2, turn_credit=True)
+    out = await agent.run(PROMPT, PARAMS, secret=6)
+    check_output(out)
+    assert out.reward_score == 1.0 and out.turn_rewards == pytest.approx([0.0, 0.12, 0.18])
 
 
 @pytest.mark.parametrize(
@@ -86,6 +117,7 @@ async def test_the_agent_scores_with_its_feedback_credit(scripted_engine_factory
     [
         ({"max_guesses": 0}, "max_guesses must be >= 1"),
         ({"feedback_credit": 1.5}, r"feedback_credit must be in \[0, 1\)"),
+        ({"turn_credit": "yes"}, "turn_credit must be true or false, got 'yes'"),
     ],
 )
 def test_bad_agent_config_is_refused(scripted_engine_factory, cfg, message):

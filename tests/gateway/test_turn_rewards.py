@@ -5,6 +5,7 @@ is the outcome plus their sum, and a count that does not match the model turns f
 from __future__ import annotations
 
 import openai
+import pytest
 from gateway_support import ROW, rollout
 
 from lit_agentrl.agents import AgentResult, Environment, register_environment, register_openai_agent
@@ -100,3 +101,23 @@ def test_a_miscount_fails_the_trajectory_named(scripted_engine_factory, tokenize
     engine = scripted_engine_factory(["a"])
     (t,) = rollout(engine, tokenizer, {**ROW, "agent_name": "turn_rewards_miscounted"}).trajectories
     assert t.failed and "turn_rewards has 2 entries for 1 model turns" in t.failure_reason
+
+
+@pytest.mark.parametrize("agent", ["guess_digit", "guess_digit_openai", "guess_digit_env"])
+def test_the_quickstart_game_reports_its_shaped_credit_per_turn_in_all_three_forms(
+    scripted_engine_factory, tokenizer, tmp_path, agent
+):
+    cfg = tmp_path / "game.yaml"
+    cfg.write_text("feedback_credit: 0.2\nturn_credit: true\n")
+    row = {
+        "agent_name": agent,
+        "agent_cfg_path": str(cfg),
+        "prompt": [{"role": "user", "content": "guess"}],
+        "secret": 6,
+    }
+    (t,) = rollout(scripted_engine_factory(["5", "7", "6"]), tokenizer, row).trajectories
+    assert not t.failed, t.failure_reason
+    # shares 0, 0.6, 0.9 of the digits ruled out (5 leaves 6-9, 7 leaves 6), times 0.2; the find's 1 on top, which
+    # an environment pays with its last step (the estimators count the outcome in the last turn's reward alike)
+    last = 1.18 if agent == "guess_digit_env" else 0.18
+    assert t.turn_rewards == pytest.approx([0.0, 0.12, last]) and t.reward == pytest.approx(1.3)
