@@ -13,6 +13,11 @@ prompt, so contexts recur across prompt groups); ``turn_returns_gamma0`` is ``tu
 
     python benchmarks/credit_per_turn.py --out /tmp/credit --steps 800 --seeds 0 1 2
 
+``--feedback-credit C`` gives the game back its shaped reward (the multi-turn quickstart's 0.5: C times the share of
+digits the answers ruled out, per guess inside the range they left) and ``--turn-credit`` has the agent report that
+credit per turn (``turn_rewards``) rather than summed into the outcome: the same reward per game, for the turn-level
+estimators to credit to the turn that earned it.
+
 ``--samples-per-prompt N`` plays N games per prompt and 128 / N prompts a step (the same 128 games; more of a
 group's turns then share their context with another's), and ``--fit-args`` adds options to every run's fit.
 
@@ -41,27 +46,34 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "quickstart_multiturn.yaml"
 PAPER_GAMMA = ["--model.loss.gamma", "0.95"]
+GAMMA0 = ["--model.loss.gamma", "0"]
+BATCH_STEP_GROUPS = ["--model.loss.step_groups", "batch"]
 ESTIMATORS = {
     "grpo": ["--model.loss.advantage", "grpo"],
     "gigpo": ["--model.loss.advantage", "gigpo", *PAPER_GAMMA],
-    "gigpo_batch": ["--model.loss.advantage", "gigpo", *PAPER_GAMMA, "--model.loss.step_groups", "batch"],
+    "gigpo_batch": ["--model.loss.advantage", "gigpo", *PAPER_GAMMA, *BATCH_STEP_GROUPS],
+    "gigpo_batch_gamma0": ["--model.loss.advantage", "gigpo", *GAMMA0, *BATCH_STEP_GROUPS],
     "turn_returns": ["--model.loss.advantage", "turn_returns", *PAPER_GAMMA],
-    "turn_returns_gamma0": ["--model.loss.advantage", "turn_returns", "--model.loss.gamma", "0"],
+    "turn_returns_gamma0": ["--model.loss.advantage", "turn_returns", *GAMMA0],
     "gae": ["--model.loss.advantage", "gae", "--model.loss.gae_lambda", "0.5"],
     "gae_lambda0": ["--model.loss.advantage", "gae", "--model.loss.gae_lambda", "0"],
 }
 """Run name -> its estimator's options: GiGPO's gamma for the turn-level ones, ``gigpo_batch`` GiGPO with step
-groups over the whole batch (every row of this game has the same prompt) and ``turn_returns_gamma0`` each turn
-credited with its own reward only (here: 1 on the turn that finds the digit, since the game ends there); ``gae`` the
-learned critic with GAE's lambda 0.5 and ``gae_lambda0`` with lambda 0 (each turn credited with the critic's one-step
-temporal difference: the fastest learner of ``credit_simulation.py``)."""
+groups over the whole batch (every row of this game has the same prompt), ``gigpo_batch_gamma0`` the same with each
+turn's step return its own reward (the outcome still credits every turn through the episode advantage) and
+``turn_returns_gamma0`` each turn credited with its own reward only (here: 1 on the turn that finds the digit, since the
+game ends there); ``gae`` the learned critic with GAE's lambda 0.5 and ``gae_lambda0`` with lambda 0 (each turn
+credited with the critic's one-step temporal difference: the fastest learner of ``credit_simulation.py``)."""
 GAMES_PER_STEP = 128
 """The quickstart's 16 prompts x 8 samples."""
 SERIES = ["rollout/reward_mean", "agent/guess_digit/found_turn_2", "agent/guess_digit/found_turn_3"]
 
 
-def prepare(out: Path, samples_per_prompt: int) -> tuple[Path, Path, Path, Path]:
-    """The tiny model, the sparse agent config, the data rows pointing at it and the run config, under ``out``.
+def prepare(
+    out: Path, samples_per_prompt: int, feedback_credit: float, turn_credit: bool
+) -> tuple[Path, Path, Path, Path]:
+    """The tiny model, the agent config (sparse unless ``feedback_credit``), the data rows pointing at it and the run
+    config, under ``out``.
 
     The run config is the quickstart's with ``samples_per_prompt`` games per prompt and 128 / that many prompts a
     step, so every setting plays the same 128 games a step.
@@ -69,8 +81,11 @@ def prepare(out: Path, samples_per_prompt: int) -> tuple[Path, Path, Path, Path]
     model = out / "model"
     if not (model / "config.json").exists():
         run([sys.executable, "-m", "lit_agentrl.models.tiny", "--tokenizer", "words", "--out", str(model)])
-    agent_cfg = out / "guess_digit_sparse.yaml"
-    agent_cfg.write_text("max_guesses: 3\nfeedback_credit: 0.0  # found only: the sparse reward\n")
+    agent_cfg = out / ("guess_digit_sparse.yaml" if not feedback_credit else "guess_digit_shaped.yaml")
+    agent_cfg.write_text(
+        f"max_guesses: 3\nfeedback_credit: {feedback_credit}  # 0: found only, the sparse reward\n"
+        f"turn_credit: {str(turn_credit).lower()}\n"
+    )
     files = []
     for split in ("train", "val"):
         rows = [json.loads(line) for line in (REPO / "data" / "quickstart_multiturn" / f"{split}.jsonl").open()]
@@ -105,7 +120,8 @@ def fit(
     folder = out / f"{estimator}_s{seed}"
     metrics = folder / "csv" / "version_0" / "metrics.csv"
     settings = folder / "settings.json"
-    wanted = {"config": config.name, "fit_args": extra}
+    agent = json.loads(train.read_text().splitlines()[0])["agent_cfg_path"]
+    wanted = {"config": config.name, "fit_args": extra, "agent_cfg": Path(agent).read_text()}
     if settings.exists() and json.loads(settings.read_text()) != wanted:
         raise SystemExit(f"{folder} was run with {settings.read_text().strip()}, not {wanted}: pass another --out")
     if metrics.exists() and len(column(metrics, "rollout/reward_mean")) >= steps:
@@ -250,6 +266,8 @@ def main() -> None:
     parser.add_argument(
         "--samples-per-prompt", type=int, default=8, help=f"games per prompt (a divisor of {GAMES_PER_STEP})"
     )
+    parser.add_argument("--feedback-credit", type=float, default=0.0, help="the shaped reward's weight (0: sparse)")
+    parser.add_argument("--turn-credit", action="store_true", help="report the shaped credit per turn")
     parser.add_argument("--fit-args", default="", help="more options for every run's fit, e.g. '--model.loss.gamma 1'")
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
     parser.add_argument("--report-only", action="store_true", help="summarise the runs already under --out")
@@ -269,7 +287,7 @@ def main() -> None:
         found = {job: args.out / f"{job[0]}_s{job[1]}" / "csv" / "version_0" / "metrics.csv" for job in jobs}
         report({job: path for job, path in found.items() if path.exists()})
         return
-    data = prepare(args.out, args.samples_per_prompt)
+    data = prepare(args.out, args.samples_per_prompt, args.feedback_credit, args.turn_credit)
     extra = shlex.split(args.fit_args)
     with ThreadPoolExecutor(args.parallel) as pool:
         paths = pool.map(lambda job: fit(args.out, job[0], job[1], args.steps, data, extra), jobs)
