@@ -117,6 +117,9 @@ class Loss:
         step_groups: where ``gigpo`` finds a turn's step partners: ``group`` (its prompt group, the paper's) or
             ``batch`` (any trajectory of the step's rollout batch, gathered from every data-parallel rank: for rows
             that share a prompt and differ only in what the environment hides).
+        step_first_turn: whether ``gigpo``'s step advantage also credits first turns (unset: true, the paper's).
+            Their step group is the prompt's, which the episode advantage compares already; false leaves first turns
+            the episode advantage alone (a single-turn task then gets exactly ``grpo``).
         sequence_rewards: how a trajectory whose model calls formed several token sequences is scored: ``shared``
             (each sequence gets the trajectory's advantage) or ``own`` (each sequence is a member of its group,
             scored by the reward the agent gave it, else the trajectory's).
@@ -137,6 +140,7 @@ class Loss:
     gamma: float | None = None
     step_weight: float | None = None
     step_groups: Literal["group", "batch"] = "group"
+    step_first_turn: bool | None = None
     gae_lambda: float | None = None
     value_lr: float | None = None
     sequence_rewards: Literal["shared", "own"] = "shared"
@@ -201,6 +205,16 @@ class Loss:
                     f"model.loss.advantage is {self.advantage}: set advantage: gigpo, or drop step_groups",
                 ),
                 (
+                    self.step_first_turn is None or self.advantage == "gigpo",
+                    f"model.loss.step_first_turn: {self.step_first_turn} says whether gigpo's step advantage credits "
+                    f"first turns, and model.loss.advantage is {self.advantage}: set advantage: gigpo, or drop "
+                    "step_first_turn",
+                ),
+                (
+                    self.step_first_turn in (None, True, False),
+                    f"model.loss.step_first_turn must be true or false, got {self.step_first_turn!r}",
+                ),
+                (
                     self.policy_ratio != "sequence" or self.advantage == "grpo",
                     f"model.loss.policy_ratio: sequence (GSPO) clips one ratio per sequence against one advantage; "
                     f"model.loss.advantage: {self.advantage} gives each turn its own: use advantage: grpo with it",
@@ -234,6 +248,11 @@ class Loss:
     def omega(self) -> float:
         """``step_weight`` as ``gigpo`` uses it: as set, else the paper's 1.0."""
         return self.step_weight if self.step_weight is not None else 1.0
+
+    @property
+    def first_turn_steps(self) -> bool:
+        """``step_first_turn`` as ``gigpo`` uses it: as set, else the paper's true."""
+        return self.step_first_turn if self.step_first_turn is not None else True
 
     @property
     def needs_reference(self) -> bool:

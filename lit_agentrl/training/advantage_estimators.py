@@ -93,6 +93,8 @@ class AdvantageParams:
     """One of :data:`~lit_agentrl.config.choices.STEP_GROUPS`: where ``gigpo``'s step groups are formed."""
     lam: float = 1.0
     """GAE's lambda in [0, 1] (``gae``): 1 is the Monte Carlo return, 0 the one-turn temporal difference."""
+    step_first_turn: bool = True
+    """Whether ``gigpo``'s step advantage also credits first turns (the paper's); False leaves them A^E alone."""
 
     def __post_init__(self) -> None:
         if self.std not in ADVANTAGE_STDS:
@@ -139,6 +141,11 @@ def gigpo(episodes: Sequence[Episode], params: AdvantageParams) -> list[list[flo
     shares its group's prompt as context, so the first turns form one step group: on a single-turn task
     (gamma^0 = 1, R_1 = R(tau)) A^S = A^E, and gigpo gives (1 + omega) * grpo.
 
+    That first step group compares what the episode group compares: with gamma 1 its A^S is a second copy of A^E,
+    with gamma < 1 the first turn's discounted return, and with gamma 0 the first turn's own reward alone (in a game
+    whose first move cannot win by skill, luck at weight omega). ``step_first_turn: False`` drops it: first turns
+    get A^E alone, later turns A^E + omega * A^S, and a single-turn task gets exactly :func:`grpo`.
+
     ``step_groups: batch`` widens G^S(s) to the turns with context s in any group of the batch (the paper keeps to
     one group, whose trajectories start from one environment state). Where rows share a prompt and differ only in
     what the environment hides, the same context recurs across groups, and the step group's mean is the return
@@ -148,6 +155,8 @@ def gigpo(episodes: Sequence[Episode], params: AdvantageParams) -> list[list[flo
     episode = grpo(episodes, params)
     keys = _step_group_keys(episodes, params.step_groups)
     step = _per_turn([discounted_returns(e.rewards, params.gamma) for e in episodes], keys, params.std)
+    if not params.step_first_turn:
+        step = [[0.0, *later] for _, *later in step]
     return [[a + params.step_weight * s for a, s in zip(ea, sa)] for ea, sa in zip(episode, step)]
 
 

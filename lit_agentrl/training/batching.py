@@ -66,6 +66,7 @@ def prepare_samples(
     step_weight: float = 1.0,
     step_groups: str = "group",
     lam: float = 1.0,
+    step_first_turn: bool = True,
     vision: tuple[int, int] | None = None,
     pool: EpisodePool | None = None,
     turn_values: TurnValues | None = None,
@@ -78,7 +79,7 @@ def prepare_samples(
     get (see :class:`Overlong`; default: trained as they are). Every token sequence of a trajectory becomes a
     sample; ``sequence_rewards`` (:data:`SEQUENCE_REWARDS`) says how a trajectory of several sequences is scored.
     ``advantage`` other than ``grpo`` gives each model turn its own advantage (:mod:`turn_advantages`, with the
-    discount ``gamma``, GiGPO's ``step_weight`` and ``step_groups`` and GAE's ``lam``), for trajectories of one token
+    discount ``gamma``, GiGPO's ``step_weight``, ``step_groups`` and ``step_first_turn`` and GAE's ``lam``), for trajectories of one token
     sequence; a turn's context is its tokens and, with ``vision`` (the policy's ``(image_token_id,
     spatial_merge_size)``), its images; ``pool`` gathers the other data-parallel ranks' turns, for step groups and
     ``gae``'s whitening over the whole batch. ``gae`` takes its critic's values from ``turn_values``, given every
@@ -105,7 +106,7 @@ def prepare_samples(
     if not ok and (pool is None or advantage == "grpo"):  # a pool: this rank still takes part in the gathering
         return PreparedSamples([], 0, 0, len(trajectories))
     if advantage != "grpo":
-        params = AdvantageParams(advantage_std, gamma, step_weight, step_groups, lam)
+        params = AdvantageParams(advantage_std, gamma, step_weight, step_groups, lam, step_first_turn)
         failed = len(trajectories) - len(ok)
         return _turn_level_samples(ok, failed, overlong, advantage, params, vision, pool, turn_values)
     # The members of each group's statistics: a trajectory (shared: all its sequences get its advantage) or, with

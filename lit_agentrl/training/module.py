@@ -198,6 +198,7 @@ class GRPOModule(L.LightningModule):
             step_weight=self.loss.omega,
             step_groups=self.loss.step_groups,
             lam=self.loss.lam,
+            step_first_turn=self.loss.first_turn_steps,
             vision=vision_settings(self.policy),
             pool=self._episode_pool() if self.loss.step_groups == "batch" or self.critic is not None else None,
             turn_values=self._turn_values if self.critic is not None else None,

@@ -44,9 +44,14 @@ def close(actual: list[list[float]], expected: list[list[float]], rel: float = 1
 
 
 def params(
-    std: str = "none", gamma: float = 0.5, step_weight: float = 1.0, step_groups: str = "group", lam: float = 1.0
+    std: str = "none",
+    gamma: float = 0.5,
+    step_weight: float = 1.0,
+    step_groups: str = "group",
+    lam: float = 1.0,
+    step_first_turn: bool = True,
 ) -> AdvantageParams:
-    return AdvantageParams(std=std, gamma=gamma, step_weight=step_weight, step_groups=step_groups, lam=lam)
+    return AdvantageParams(std, gamma, step_weight, step_groups, lam, step_first_turn)
 
 
 GROUP_RELATIVE = {name: f for name, f in ESTIMATORS.items() if name != "gae"}
@@ -144,6 +149,29 @@ def test_gigpo_step_weight_scales_only_the_step_advantage():
     assert gigpo(MIXED, params(step_weight=0.0)) == grpo(MIXED, params())
 
 
+def test_gigpo_without_the_first_turns_step_advantage_by_hand():
+    # As test_gigpo_by_hand... with the step groups of the prompts (0, P) and (1, Q) dropped: first turns get A^E
+    # alone, later turns A^E + A^S as before (their step groups are unchanged).
+    assert gigpo(MIXED, params(step_first_turn=False)) == [
+        [0.375, 0.375 + 0.25],
+        [-0.125, -0.125 - 0.25, -0.125 + 0.0],
+        [-0.625, -0.625 + 0.0],
+        [0.375],
+        [-0.5, -0.5 - 0.5],
+        [0.5, 0.5 + 0.5],
+    ]
+    # Batch step groups, gamma 0 (each turn's step return its own reward): X pools E1 1, E2 0.5, E5 0, E6 1 ->
+    # 0.375, -0.125, -0.625, 0.375 as in the batch test; Y, Z alone -> 0.
+    assert gigpo(MIXED, params(gamma=0.0, step_groups="batch", step_first_turn=False)) == [
+        [0.375, 0.375 + 0.375],
+        [-0.125, -0.125 - 0.125, -0.125 + 0.0],
+        [-0.625, -0.625 + 0.0],
+        [0.375],
+        [-0.5, -0.5 - 0.625],
+        [0.5, 0.5 + 0.375],
+    ]
+
+
 def test_turn_returns_by_hand_baselined_per_turn_index():
     # Same discounted returns as above; baselines per (group, turn index) over the trajectories that reached it:
     #   (0, 1): E1 0.5, E2 0.25, E3 0, E4 1; mean 0.4375 -> 0.0625, -0.1875, -0.4375, 0.5625
@@ -217,6 +245,8 @@ def test_on_single_turn_tasks_turn_returns_is_grpo_and_gigpo_is_one_plus_omega_g
     assert gigpo(SINGLE_TURN, params(std, gamma, step_weight=0.0)) == expected
     assert gigpo(SINGLE_TURN, params(std, gamma, step_weight=1.0)) == [[2 * a] for [a] in expected]
     assert close(gigpo(SINGLE_TURN, params(std, gamma, step_weight=0.3)), [[1.3 * a] for [a] in expected])
+    # Without the first turn's step advantage (the prompt's step group), gigpo is grpo at any omega.
+    assert gigpo(SINGLE_TURN, params(std, gamma, step_weight=0.3, step_first_turn=False)) == expected
 
 
 def valued(group: int, outcome: float, values: list[float], rewards: list[float] | None = None) -> Episode:

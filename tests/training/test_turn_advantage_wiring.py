@@ -48,6 +48,9 @@ def test_batch_step_groups_reach_the_tokens_across_prompt_groups():
     assert won.turn_advantages == [0.5, 0.0] and lost.turn_advantages == [-0.5, 0.0]
     assert prepared.turn_metrics["train/step_groups"] == 3.0 and prepared.turn_metrics["train/partnered_turns"] == 0.5
     assert prepare_samples([won, lost], "none", advantage="gigpo", gamma=1.0).turn_metrics["train/step_groups"] == 4.0
+    # Without the first turns' step advantage, nothing is left to them (groups of one have no A^E).
+    prepare_samples([won, lost], "none", advantage="gigpo", gamma=1.0, step_groups="batch", step_first_turn=False)
+    assert won.turn_advantages == [0.0, 0.0] and lost.turn_advantages == [0.0, 0.0]
 
 
 def test_a_turns_context_holds_its_images_pixels():
@@ -128,6 +131,15 @@ def test_the_names_agree_and_bad_settings_name_their_key():
         Loss(gamma=1.0)  # set is set: even the value the estimator would have used is not silently dropped
     with pytest.raises(ValueError, match=r"model\.loss\.step_weight: 1\.0 .*advantage is grpo: set advantage: gigpo"):
         Loss(step_weight=1.0)
+    with pytest.raises(
+        ValueError, match=r"model\.loss\.step_first_turn: False .*advantage is gae: set advantage: gigpo"
+    ):
+        Loss(advantage="gae", step_first_turn=False)
+    with pytest.raises(ValueError, match=r"model\.loss\.step_first_turn must be true or false, got 'no'"):
+        Loss(advantage="gigpo", step_first_turn="no")  # type: ignore[arg-type]
+    assert (
+        Loss(advantage="gigpo").first_turn_steps and not Loss(advantage="gigpo", step_first_turn=False).first_turn_steps
+    )
     assert Loss(advantage="turn_returns", gamma=0.0).discount == 0.0
 
 
@@ -140,6 +152,33 @@ def test_an_unset_gamma_is_the_chosen_estimators_own():
     assert Loss(advantage="gigpo", gamma=1.0, step_weight=0.5).omega == 0.5
     with pytest.raises(ValueError, match=r"model\.loss\.step_weight must be >= 0, got -1\.0"):
         Loss(advantage="gigpo", step_weight=-1.0)
+
+
+def test_the_cli_hands_every_estimator_setting_to_prepare_samples(tiny_model_dir, monkeypatch):
+    from lit_agentrl.cli import build_cli
+    from lit_agentrl.training import module as module_file
+
+    class Called(Exception):
+        pass
+
+    def capture(*args, **kwargs):
+        raise Called(kwargs)
+
+    monkeypatch.setattr(module_file, "prepare_samples", capture)
+    settings = ["--model.loss.advantage", "gigpo", "--model.loss.gamma", "0", "--model.loss.step_weight", "0.5"]
+    settings += ["--model.loss.step_groups", "group", "--model.loss.step_first_turn", "false"]
+    settings += ["--model.model_path", str(tiny_model_dir)]
+    cli = build_cli(
+        ["--config", str(REPO_ROOT / "configs/quickstart_multiturn.yaml"), *settings, "--trainer.logger", "false"],
+        run=False,
+    )
+    cli.model.configure_model()
+    rollout = type("Rollout", (), {"trajectories": [], "temperature": 1.0})()
+    with pytest.raises(Called) as called:
+        cli.model.training_step(type("Batch", (), {"rollout": rollout})(), 0)
+    passed = called.value.args[0]
+    assert passed["advantage"] == "gigpo" and passed["gamma"] == 0.0 and passed["step_weight"] == 0.5
+    assert passed["step_groups"] == "group" and passed["step_first_turn"] is False
 
 
 @pytest.mark.slow
