@@ -7,7 +7,8 @@ estimator; runs go two at a time, one thread each. It prints, per run and per es
 training reward and ``found_turn_2``/``found_turn_3`` (success on a turn among the games that reached it; blind play
 0.11 and 0.125), the first fifth of the steps against the last, the spread of the advantages per turn index, and for
 ``gigpo`` the share of turns that found a partner in a step group; from the trajectory log, how often the second
-guess stays inside the range the first answer left ("reads the answer"; blind 0.5-0.6) and the commonest first
+guess stays inside the range the first answer left ("reads the answer", beside what a blind second guess would
+score after the same first guesses: 0.5-0.6 from spread first guesses, more from an edge) and the commonest first
 guesses at the end. ``gigpo_batch`` is GiGPO with ``model.loss.step_groups: batch`` (this game's rows share one
 prompt, so contexts recur across prompt groups); ``turn_returns_gamma0`` is ``turn_returns`` with ``gamma: 0``.
 
@@ -53,6 +54,9 @@ ESTIMATORS = {
     "gigpo": ["--model.loss.advantage", "gigpo", *PAPER_GAMMA],
     "gigpo_batch": ["--model.loss.advantage", "gigpo", *PAPER_GAMMA, *BATCH_STEP_GROUPS],
     "gigpo_batch_gamma0": ["--model.loss.advantage", "gigpo", *GAMMA0, *BATCH_STEP_GROUPS],
+    "gigpo_batch_gamma0_no_first_step": [
+        *("--model.loss.advantage", "gigpo", *GAMMA0, *BATCH_STEP_GROUPS, "--model.loss.step_first_turn", "false")
+    ],
     "turn_returns": ["--model.loss.advantage", "turn_returns", *PAPER_GAMMA],
     "turn_returns_gamma0": ["--model.loss.advantage", "turn_returns", *GAMMA0],
     "gae": ["--model.loss.advantage", "gae", "--model.loss.gae_lambda", "0.5"],
@@ -60,7 +64,9 @@ ESTIMATORS = {
 }
 """Run name -> its estimator's options: GiGPO's gamma for the turn-level ones, ``gigpo_batch`` GiGPO with step
 groups over the whole batch (every row of this game has the same prompt), ``gigpo_batch_gamma0`` the same with each
-turn's step return its own reward (the outcome still credits every turn through the episode advantage) and
+turn's step return its own reward (the outcome still credits every turn through the episode advantage),
+``gigpo_batch_gamma0_no_first_step`` the same without the first turn's step advantage (whether the first guess was the
+secret: luck) and
 ``turn_returns_gamma0`` each turn credited with its own reward only (here: 1 on the turn that finds the digit, since the
 game ends there); ``gae`` the learned critic with GAE's lambda 0.5 and ``gae_lambda0`` with lambda 0 (each turn
 credited with the critic's one-step temporal difference: the fastest learner of ``credit_simulation.py``)."""
@@ -158,8 +164,9 @@ def mean_abs_advantage(metrics: Path) -> list[float]:
 
 def play(metrics: Path) -> tuple[str, str]:
     """From the run's trajectory log: how often the second guess stays inside the range the first answer left
-    (``higher``: above the first guess; blind play 0.5-0.6), first fifth -> last fifth of the steps, and the three
-    commonest first guesses of the last fifth with their shares."""
+    (``higher``: above the first guess), with what a blind second guess would score after the same first guesses and
+    answers in brackets, first fifth -> last fifth of the steps, and the three commonest first guesses of the last
+    fifth with their shares."""
     games = []
     for line in (metrics.parent / "trajectories" / "rank0.jsonl").open():
         record = json.loads(line)
@@ -172,21 +179,27 @@ def play(metrics: Path) -> tuple[str, str]:
     steps = max(step for step, _, _ in games) + 1
     first = [g for g in games if g[0] < steps // 5]
     last = [g for g in games if g[0] >= steps - steps // 5]
-    reads = f"{reading(first):.2f} -> {reading(last):.2f}"
+    reads = " -> ".join("{:.2f} (blind {:.2f})".format(*reading(part)) for part in (first, last))
     counts = Counter(guesses[0] for _, guesses, _ in last)
     commonest = ", ".join(f"{digit}: {n / len(last):.2f}" for digit, n in counts.most_common(3))
     return reads, commonest
 
 
-def reading(games: list[tuple[int, list[int | None], str | None]]) -> float:
+def reading(games: list[tuple[int, list[int | None], str | None]]) -> tuple[float, float]:
+    """The share of answered games whose second guess lies inside the range the answer left, and the share a second
+    guess uniform over the ten digits would have after the same first guesses and answers: from an edge the answer
+    leaves most digits (after 1, ``higher`` leaves 8 of 10), so a first guess that collapses onto an edge raises the
+    first share without any reading."""
     inside = answered = 0
+    blind = 0.0
     for _, guesses, answer in games:
         first, second = [*guesses, None, None][:2]
         if answer not in ("higher", "lower") or first is None or second is None:
             continue
         answered += 1
         inside += second > first if answer == "higher" else second < first
-    return inside / answered if answered else float("nan")
+        blind += (9 - first) / 10 if answer == "higher" else first / 10
+    return (inside / answered, blind / answered) if answered else (float("nan"), float("nan"))
 
 
 def win_rate(first: int | None, read_second: bool, read_third: bool) -> Fraction:
