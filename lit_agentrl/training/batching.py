@@ -79,9 +79,9 @@ def prepare_samples(
     get (see :class:`Overlong`; default: trained as they are). Every token sequence of a trajectory becomes a
     sample; ``sequence_rewards`` (:data:`SEQUENCE_REWARDS`) says how a trajectory of several sequences is scored.
     ``advantage`` other than ``grpo`` gives each model turn its own advantage (:mod:`turn_advantages`, with the
-    discount ``gamma``, GiGPO's ``step_weight``, ``step_groups`` and ``step_first_turn`` and GAE's ``lam``), for trajectories of one token
-    sequence; a turn's context is its tokens and, with ``vision`` (the policy's ``(image_token_id,
-    spatial_merge_size)``), its images; ``pool`` gathers the other data-parallel ranks' turns, for step groups and
+    discount ``gamma``, GiGPO's ``step_weight``, ``step_groups`` and ``step_first_turn`` and GAE's ``lam``), for
+    trajectories of one token sequence; a turn's context is its tokens and, with ``vision`` (the policy's
+    ``(image_token_id, spatial_merge_size)``), its images; ``pool`` gathers the other data-parallel ranks' turns, for step groups and
     ``gae``'s whitening over the whole batch. ``gae`` takes its critic's values from ``turn_values``, given every
     successful trajectory's sample.
     """
