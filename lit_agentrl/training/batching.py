@@ -81,9 +81,9 @@ def prepare_samples(
     ``advantage`` other than ``grpo`` gives each model turn its own advantage (:mod:`turn_advantages`, with the
     discount ``gamma``, GiGPO's ``step_weight``, ``step_groups`` and ``step_first_turn`` and GAE's ``lam``), for
     trajectories of one token sequence; a turn's context is its tokens and, with ``vision`` (the policy's
-    ``(image_token_id, spatial_merge_size)``), its images; ``pool`` gathers the other data-parallel ranks' turns, for step groups and
-    ``gae``'s whitening over the whole batch. ``gae`` takes its critic's values from ``turn_values``, given every
-    successful trajectory's sample.
+    ``(image_token_id, spatial_merge_size)``), its images; ``pool`` gathers the other data-parallel ranks' turns,
+    for step groups and ``gae``'s whitening over the whole batch. ``gae`` takes its critic's values from
+    ``turn_values``, given every successful trajectory's sample.
     """
     if sequence_rewards not in SEQUENCE_REWARDS:
         raise ValueError(
