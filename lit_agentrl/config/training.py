@@ -211,7 +211,7 @@ class Loss:
                     "step_first_turn",
                 ),
                 (
-                    self.step_first_turn in (None, True, False),
+                    self.step_first_turn is None or isinstance(self.step_first_turn, bool),
                     f"model.loss.step_first_turn must be true or false, got {self.step_first_turn!r}",
                 ),
                 (

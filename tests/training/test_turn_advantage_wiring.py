@@ -137,6 +137,8 @@ def test_the_names_agree_and_bad_settings_name_their_key():
         Loss(advantage="gae", step_first_turn=False)
     with pytest.raises(ValueError, match=r"model\.loss\.step_first_turn must be true or false, got 'no'"):
         Loss(advantage="gigpo", step_first_turn="no")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"model\.loss\.step_first_turn must be true or false, got 0"):
+        Loss(advantage="gigpo", step_first_turn=0)  # type: ignore[arg-type]  # equal to False, but not a bool
     assert (
         Loss(advantage="gigpo").first_turn_steps and not Loss(advantage="gigpo", step_first_turn=False).first_turn_steps
     )
